@@ -1,0 +1,133 @@
+"""Timing events: one schema for logs, results/, Prometheus and Grafana (see DESIGN.md).
+
+Every stage reports into a ``Timeline``; the restore prints it as a table, writes it as jsonl, and the
+metrics stage turns it into Prometheus series. Times are monotonic seconds since CONTAINER_START.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+
+class EventName(str, Enum):
+    CONTAINER_START = "CONTAINER_START"
+    MANIFEST_OK = "MANIFEST_OK"
+    WARM_START = "WARM_START"
+    WARM_DONE = "WARM_DONE"
+    RESTORE_ISSUED = "RESTORE_ISSUED"
+    RESTORE_DONE = "RESTORE_DONE"
+    SERVER_UP = "SERVER_UP"
+    WAKE_WEIGHTS = "WAKE_WEIGHTS"
+    WEIGHTS_LOADED = "WEIGHTS_LOADED"
+    WAKE_KV = "WAKE_KV"
+    CANARY_OK = "CANARY_OK"
+    FIRST_TOKEN = "FIRST_TOKEN"
+    FALLBACK = "FALLBACK"
+    READY = "READY"
+    # checkpoint side
+    CHECKPOINT_START = "CHECKPOINT_START"
+    ENGINE_UP = "ENGINE_UP"
+    CANARY_RECORDED = "CANARY_RECORDED"
+    WEIGHTS_DUMPED = "WEIGHTS_DUMPED"
+    ASLEEP = "ASLEEP"
+    CRIU_DUMPED = "CRIU_DUMPED"
+    PUBLISHED = "PUBLISHED"
+
+
+# Phases (the intervals plotted and exported as histograms): name -> (start event, end event).
+PHASES: dict[str, tuple[EventName, EventName]] = {
+    "manifest": (EventName.CONTAINER_START, EventName.MANIFEST_OK),
+    "criu_restore": (EventName.RESTORE_ISSUED, EventName.RESTORE_DONE),
+    "server_up": (EventName.RESTORE_DONE, EventName.SERVER_UP),
+    "wake_weights": (EventName.SERVER_UP, EventName.WAKE_WEIGHTS),
+    "weights_load": (EventName.WAKE_WEIGHTS, EventName.WEIGHTS_LOADED),
+    "wake_kv": (EventName.WEIGHTS_LOADED, EventName.WAKE_KV),
+    "canary": (EventName.WAKE_KV, EventName.CANARY_OK),
+    "warm": (EventName.WARM_START, EventName.WARM_DONE),
+    "total_first_token": (EventName.CONTAINER_START, EventName.FIRST_TOKEN),
+}
+
+
+@dataclass
+class Event:
+    name: str
+    t: float  # monotonic seconds since CONTAINER_START
+    wall: float  # time.time()
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Timeline:
+    """Collects events of one run (a restore, a checkpoint or a cold start)."""
+
+    kind: str = "restore"  # restore | checkpoint | cold
+    labels: dict[str, str] = field(default_factory=dict)  # model, variant, outcome...
+    t0: float = field(default_factory=time.monotonic)
+    wall0: float = field(default_factory=time.time)
+    events: list[Event] = field(default_factory=list)
+
+    @classmethod
+    def from_container_start(cls, kind: str = "restore", **labels: str) -> "Timeline":
+        """Start the clock at the container's start when known (COLDSTART_T0 = wall clock set by the
+        entrypoint wrapper), else now."""
+        tl = cls(kind=kind, labels=dict(labels))
+        t0_wall = os.environ.get("COLDSTART_T0")
+        if t0_wall:
+            delta = time.time() - float(t0_wall)
+            tl.t0 -= max(delta, 0.0)
+            tl.wall0 = float(t0_wall)
+        tl.mark(EventName.CONTAINER_START if kind != "checkpoint" else EventName.CHECKPOINT_START, at=tl.t0)
+        return tl
+
+    def mark(self, name: EventName | str, at: float | None = None, **attrs: Any) -> Event:
+        now = time.monotonic() if at is None else at
+        ev = Event(name=str(getattr(name, "value", name)), t=round(now - self.t0, 6),
+                   wall=round(self.wall0 + (now - self.t0), 6), attrs=attrs)
+        self.events.append(ev)
+        return ev
+
+    def get(self, name: EventName | str) -> Event | None:
+        key = str(getattr(name, "value", name))
+        for ev in reversed(self.events):
+            if ev.name == key:
+                return ev
+        return None
+
+    def phases(self) -> dict[str, float]:
+        """Durations of every phase whose two ends were recorded."""
+        out: dict[str, float] = {}
+        for phase, (a, b) in PHASES.items():
+            ea, eb = self.get(a), self.get(b)
+            if ea and eb:
+                out[phase] = round(eb.t - ea.t, 6)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "labels": self.labels, "wall0": self.wall0,
+                "events": [asdict(e) for e in self.events], "phases": self.phases()}
+
+    def write_jsonl(self, path: Path) -> None:
+        """Append one line per event (plus the labels) to ``path``."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as f:
+            for e in self.events:
+                f.write(json.dumps({"kind": self.kind, **self.labels, **asdict(e)}) + "\n")
+
+    def table(self):
+        """A rich Table of the events (t, delta, attributes)."""
+        from rich.table import Table
+
+        tab = Table(title=f"coldstart {self.kind} timeline")
+        for col in ("event", "t (s)", "Δ (s)", "details"):
+            tab.add_column(col)
+        prev = 0.0
+        for e in self.events:
+            tab.add_row(e.name, f"{e.t:.3f}", f"{e.t - prev:.3f}",
+                        " ".join(f"{k}={v}" for k, v in e.attrs.items()))
+            prev = e.t
+        return tab
