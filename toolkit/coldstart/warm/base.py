@@ -1,0 +1,261 @@
+"""What every warmer shares: the plan (which byte ranges, in which order), stats, the protocol.
+
+The plan is where the ordering policy lives, so both warmers (vmtouch processes, native threads)
+follow the same order: a recorded access profile first, else small metadata files, CRIU
+``pages-*.img``, then the weights file, then the rest.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Protocol
+
+from coldstart.warm.residency import PAGE, expand_paths
+
+log = logging.getLogger("coldstart.warm")
+
+MiB = 1 << 20
+SMALL_FILE = 1 * MiB  # below this a file is metadata read early by everyone; costs nothing to warm first
+
+ProgressFn = Callable[[int, int], None]  # (bytes done, bytes planned)
+
+
+@dataclass(frozen=True)
+class Range:
+    """``length`` bytes at ``offset`` of ``path``: one unit of warming work."""
+
+    path: Path
+    offset: int
+    length: int
+
+
+@dataclass
+class FileStats:
+    path: str
+    size: int = 0
+    bytes: int = 0  # bytes warmed (read / advised / touched) by this warm
+    error: str | None = None
+
+
+@dataclass
+class WarmStats:
+    """The outcome of one warm: what was done, how long it took, what failed (never raised)."""
+
+    mode: str
+    bytes: int = 0  # bytes warmed
+    planned: int = 0  # bytes planned
+    seconds: float = 0.0
+    finished: bool = False  # every reader has stopped
+    cancelled: bool = False
+    profile_used: bool = False
+    per_file: dict[str, FileStats] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def gib_s(self) -> float:
+        return self.bytes / (1 << 30) / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["gib_s"] = round(self.gib_s, 3)
+        return d
+
+
+class Warmer(Protocol):
+    """Started in the background at container start; cancellable; never raises for a bad file."""
+
+    mode: str
+
+    def start(self) -> "Warmer": ...
+
+    def cancel(self) -> None: ...
+
+    def wait(self, timeout: float | None = None) -> WarmStats: ...
+
+    @property
+    def done(self) -> bool: ...
+
+    def issued(self) -> list[Range]: ...
+
+
+def file_rank(p: Path) -> tuple[int, str]:
+    """Default warming order without a profile (lower first)."""
+    name = p.name
+    try:
+        size = p.stat().st_size
+    except OSError:
+        size = 0
+    if name.startswith("pages-") and name.endswith(".img"):
+        return 1, str(p)
+    if name.endswith(".flat"):
+        return 2, str(p)
+    if size < SMALL_FILE:
+        return 0, str(p)
+    return 3, str(p)
+
+
+def _split(path: Path, offset: int, length: int, chunk: int) -> list[Range]:
+    out = []
+    end = offset + length
+    while offset < end:
+        n = min(chunk, end - offset)
+        out.append(Range(path, offset, n))
+        offset += n
+    return out
+
+
+@dataclass
+class Plan:
+    ranges: list[Range]
+    files: dict[Path, int]  # readable files -> size
+    errors: dict[Path, str]  # files that cannot be warmed -> why
+    profile_used: bool = False
+
+    @property
+    def total(self) -> int:
+        return sum(r.length for r in self.ranges)
+
+
+def make_plan(paths: list[Path] | list[str], *, chunk: int, profile: Path | None = None,
+              order: list[Path] | None = None) -> Plan:
+    """Ranges to warm, in order. ``order`` puts the files it names first (in that order);
+    ``profile`` puts its recorded ranges before everything else. A bad profile is logged and
+    ignored: warming in the default order is still better than none."""
+    files: dict[Path, int] = {}
+    errors: dict[Path, str] = {}
+    for p in expand_paths(list(paths)):
+        try:
+            fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            errors[p] = f"{p}: cannot open for warming: {e.strerror or e}"
+            continue
+        try:
+            files[p] = os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+
+    names = sorted(files, key=file_rank)
+    if order:
+        first = [Path(o).absolute() for o in order]
+        rank = {p: i for i, p in enumerate(first)}
+        names = sorted(names, key=lambda p: (rank.get(p, len(rank)),))  # stable: keeps default after
+
+    ranges: list[Range] = []
+    covered: dict[Path, list[tuple[int, int]]] = {}
+    profile_used = False
+    if profile is not None:
+        from coldstart.warm.profile import load_profile
+
+        try:
+            prof = load_profile(profile)
+        except Exception as e:  # noqa: BLE001 - any bad profile means: warm without it
+            errors[Path(profile)] = f"profile ignored: {e}"
+        else:
+            for path, off, length in prof.resolve(Path(profile).parent, files):
+                ranges.extend(_split(path, off, length, chunk))
+                covered.setdefault(path, []).append((off, off + length))
+            profile_used = bool(ranges)
+    for p in names:
+        size = files[p]
+        pos = 0
+        for a, b in sorted(_merge(covered.get(p, []))):
+            if a > pos:
+                ranges.extend(_split(p, pos, a - pos, chunk))
+            pos = max(pos, b)
+        if pos < size:
+            ranges.extend(_split(p, pos, size - pos, chunk))
+    return Plan(ranges=ranges, files=files, errors=errors, profile_used=profile_used)
+
+
+def _merge(iv: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(iv):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+class BaseWarmer:
+    """Bookkeeping shared by the warmers: plan, stats, issued order, cancel flag, progress."""
+
+    mode = "base"
+
+    def __init__(self, paths: list[Path] | list[str], *, chunk: int, profile: Path | None = None,
+                 order: list[Path] | None = None, progress: ProgressFn | None = None):
+        self.plan = make_plan(paths, chunk=chunk, profile=profile, order=order)
+        self.progress = progress
+        self._cancel = threading.Event()
+        self._lock = threading.Lock()
+        self._issued: list[Range] = []
+        self._t0 = 0.0
+        self._t1: float | None = None
+        self.stats = WarmStats(mode=self.mode, planned=self.plan.total, profile_used=self.plan.profile_used)
+        for p, size in self.plan.files.items():
+            self.stats.per_file[str(p)] = FileStats(path=str(p), size=size)
+        for p, why in self.plan.errors.items():
+            self._error(p, why)
+
+    def _error(self, path: Path, why: str) -> None:
+        """Record a file's failure once; the other files carry on."""
+        with self._lock:
+            fs = self.stats.per_file.setdefault(str(path), FileStats(path=str(path)))
+            if fs.error is None:
+                fs.error = why
+                self.stats.errors.append(why)
+                log.warning("warm: %s", why)
+
+    def _done_range(self, r: Range, n: int) -> None:
+        with self._lock:
+            self.stats.bytes += n
+            self.stats.per_file[str(r.path)].bytes += n
+            done, total = self.stats.bytes, self.stats.planned
+        if self.progress is not None:
+            self.progress(done, total)
+
+    def _finish(self) -> None:
+        self._t1 = time.monotonic()
+        self.stats.seconds = round(self._t1 - self._t0, 6)
+        self.stats.finished = True
+        self.stats.cancelled = self._cancel.is_set()
+
+    def issued(self) -> list[Range]:
+        """Ranges handed to a reader so far, in issue order (what a profile test checks)."""
+        with self._lock:
+            return list(self._issued)
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    def __enter__(self):
+        return self.start()  # type: ignore[attr-defined]
+
+    def __exit__(self, *exc: object) -> None:
+        self.cancel()
+        self.wait()  # type: ignore[attr-defined]
+
+
+class NullWarmer(BaseWarmer):
+    """mode="none": the baseline of the benchmarks (restore reads straight from the device)."""
+
+    mode = "none"
+
+    def __init__(self, paths: list[Path] | list[str] = (), **_: object):
+        super().__init__([], chunk=MiB)
+
+    def start(self) -> "NullWarmer":
+        self._t0 = time.monotonic()
+        self._finish()
+        return self
+
+    def wait(self, timeout: float | None = None) -> WarmStats:
+        return self.stats
+
+    @property
+    def done(self) -> bool:
+        return True

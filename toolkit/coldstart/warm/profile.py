@@ -1,0 +1,320 @@
+"""Access profiles: the order in which a restore first needs the snapshot's byte ranges.
+
+Recorded during one restore, saved as ``profile.json`` next to the manifest, followed by the next
+warm (profile ranges first, then the rest in the default order).
+
+How the order is observed (two signals, sampled every ``interval`` seconds):
+1. Page tables (``/proc/PID/maps`` + ``/proc/PID/pagemap``) of every process that maps a snapshot
+   file. With the mmap restore the restored server maps ``pages-*.img``; a page present in its page
+   tables was touched by it. This signal is independent of the page cache, so warming running at
+   the same time does not blur it. (fanotify FAN_ACCESS carries no offsets; pre-content events need
+   an HSM-enabled filesystem; blktrace sees device sectors, not file offsets, and misses cache hits.)
+2. Page cache (mincore) for files read with read()/pread() (the weights loader): a range that
+   becomes resident *before the concurrent warmer issued it* was demanded by the restore ahead of
+   the warmer: exactly what the next warm must fetch earlier. Ranges resident when recording starts
+   are not attributed (their order is unknown) and stay in the default order.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from coldstart.errors import ColdstartError
+from coldstart.warm.base import Range
+from coldstart.warm.residency import PAGE, _mincore_fd, expand_paths
+
+PROFILE_VERSION = 1
+PROFILE_NAME = "profile.json"
+MERGE_GAP = 256 * 1024  # runs closer than this in one sample become one range (readahead-sized)
+
+
+@dataclass
+class ProfileRange:
+    file: str  # path relative to the profile's directory
+    offset: int
+    length: int
+    t: float  # seconds since recording started when first seen
+    source: str  # "pagemap" | "pagecache"
+
+
+@dataclass
+class Profile:
+    version: int = PROFILE_VERSION
+    snapshot_id: str = ""
+    created_at: str = ""
+    files: dict[str, int] = field(default_factory=dict)  # relative path -> size at recording
+    ranges: list[ProfileRange] = field(default_factory=list)  # in first-needed order
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def bytes(self) -> int:
+        return sum(r.length for r in self.ranges)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def save(self, path: Path) -> Path:
+        """Atomic write (temp file, fsync, rename): a crash never leaves half a profile."""
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+        with open(tmp, "w") as f:
+            json.dump(self.to_dict(), f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        return path
+
+    def resolve(self, root: Path, files: dict[Path, int]) -> list[tuple[Path, int, int]]:
+        """The profile's ranges as (absolute path, offset, length) for the files being warmed whose
+        size still matches the recording (a changed file's ranges would be noise)."""
+        out = []
+        for r in self.ranges:
+            p = (root / r.file).absolute()
+            size = files.get(p)
+            if size is None or self.files.get(r.file) != size:
+                continue
+            end = min(r.offset + r.length, size)
+            if end > r.offset:
+                out.append((p, r.offset, end - r.offset))
+        return out
+
+
+def load_profile(path: Path) -> Profile:
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ColdstartError(f"{path}: no such profile") from None
+    except (OSError, ValueError) as e:
+        raise ColdstartError(f"{path}: unreadable profile ({e})") from None
+    if not isinstance(raw, dict) or raw.get("version") != PROFILE_VERSION:
+        raise ColdstartError(f"{path}: profile version {raw.get('version') if isinstance(raw, dict) else '?'}"
+                             f" is not {PROFILE_VERSION}")
+    try:
+        ranges = [ProfileRange(**r) for r in raw.get("ranges", [])]
+        return Profile(version=raw["version"], snapshot_id=str(raw.get("snapshot_id", "")),
+                       created_at=str(raw.get("created_at", "")),
+                       files={str(k): int(v) for k, v in raw.get("files", {}).items()},
+                       ranges=ranges, meta=dict(raw.get("meta", {})))
+    except (TypeError, ValueError, KeyError) as e:
+        raise ColdstartError(f"{path}: malformed profile ({e})") from None
+
+
+def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
+    """[start, end) page runs of True in a bool vector, merging gaps under MERGE_GAP."""
+    if not mask.any():
+        return []
+    idx = np.flatnonzero(mask)
+    gap = max(1, MERGE_GAP // PAGE)
+    breaks = np.flatnonzero(np.diff(idx) > gap)
+    starts = np.concatenate(([idx[0]], idx[breaks + 1]))
+    ends = np.concatenate((idx[breaks], [idx[-1]])) + 1
+    return list(zip(starts.tolist(), ends.tolist()))
+
+
+_MAPS_RE = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) \S+ ([0-9a-f]+) \S+ (\d+)\s+(.*)$")
+
+
+class ProfileRecorder:
+    """Records which ranges of ``paths`` a restore needs first, and when.
+
+    ``warmer``: the warmer running concurrently (its issued ranges are not demand, see above).
+    ``pids``: processes whose page tables to watch; None = any process mapping the files."""
+
+    def __init__(self, paths: list[Path] | list[str], *, root: Path | None = None, interval: float = 0.02,
+                 warmer=None, pids: list[int] | None = None, snapshot_id: str = "",
+                 use_pagemap: bool = True):
+        self.paths = [p for p in expand_paths(list(paths)) if p.is_file()]
+        self.root = Path(root).absolute() if root else Path(os.path.commonpath([str(p.parent) for p in self.paths])) if self.paths else Path.cwd()
+        self.interval = interval
+        self.warmer = warmer
+        self.pids = pids
+        self.snapshot_id = snapshot_id
+        self.use_pagemap = use_pagemap
+        self.sizes: dict[Path, int] = {}
+        self.inodes: dict[tuple[int, int], Path] = {}
+        for p in self.paths:
+            st = p.stat()
+            self.sizes[p] = st.st_size
+            self.inodes[(st.st_dev, st.st_ino)] = p
+        self._seen: dict[Path, np.ndarray] = {}
+        self._issued_mask: dict[Path, np.ndarray] = {}
+        self._issued_n = 0
+        self._ranges: list[ProfileRange] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._t0 = 0.0
+        self._samples = 0
+        self._baseline = 0
+        self._maps: dict[int, list[tuple[int, int, int, Path]]] = {}
+        self._maps_at = -1.0
+
+    # -- signals
+    def _npages(self, p: Path) -> int:
+        return (self.sizes[p] + PAGE - 1) // PAGE
+
+    def _pagecache(self, p: Path) -> np.ndarray:
+        fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            return _mincore_fd(fd, 0, self.sizes[p]) if self.sizes[p] else np.zeros(0, bool)
+        finally:
+            os.close(fd)
+
+    def _refresh_maps(self) -> None:
+        """Which processes map which part of which snapshot file (re-read twice a second)."""
+        now = time.monotonic()
+        if now - self._maps_at < 0.5:
+            return
+        self._maps_at = now
+        pids = self.pids if self.pids is not None else [int(d) for d in os.listdir("/proc") if d.isdigit()]
+        me = os.getpid()
+        maps: dict[int, list[tuple[int, int, int, Path]]] = {}
+        names = {str(p): p for p in self.paths}
+        for pid in pids:
+            if pid == me:
+                continue
+            try:
+                with open(f"/proc/{pid}/maps") as f:
+                    lines = f.read().splitlines()
+            except OSError:
+                continue
+            for line in lines:
+                m = _MAPS_RE.match(line)
+                if not m or not m.group(5).startswith("/"):
+                    continue
+                path = names.get(m.group(5).removesuffix(" (deleted)"))
+                if path is None:
+                    continue
+                maps.setdefault(pid, []).append((int(m.group(1), 16), int(m.group(2), 16), int(m.group(3), 16), path))
+        self._maps = maps
+
+    def _pagemap(self) -> dict[Path, np.ndarray]:
+        out: dict[Path, np.ndarray] = {}
+        self._refresh_maps()
+        for pid, vmas in self._maps.items():
+            try:
+                fd = os.open(f"/proc/{pid}/pagemap", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                for start, end, off, path in vmas:
+                    n = (end - start) // PAGE
+                    try:
+                        raw = os.pread(fd, n * 8, (start // PAGE) * 8)
+                    except OSError:
+                        continue
+                    ent = np.frombuffer(raw, dtype=np.uint64)
+                    present = (ent >> np.uint64(63)) | ((ent >> np.uint64(62)) & np.uint64(1))
+                    first = off // PAGE
+                    total = self._npages(path)
+                    if first >= total:
+                        continue
+                    k = min(len(ent), total - first)
+                    mask = out.setdefault(path, np.zeros(total, dtype=bool))
+                    mask[first:first + k] |= present[:k].astype(bool)
+            finally:
+                os.close(fd)
+        return out
+
+    def _update_issued(self) -> None:
+        if self.warmer is None:
+            return
+        issued = self.warmer.issued()
+        for r in issued[self._issued_n:]:
+            if r.path not in self.sizes:
+                continue
+            m = self._issued_mask.setdefault(r.path, np.zeros(self._npages(r.path), dtype=bool))
+            m[r.offset // PAGE:(r.offset + r.length + PAGE - 1) // PAGE] = True
+        self._issued_n = len(issued)
+
+    # -- sampling
+    def _sample(self) -> None:
+        t = round(time.monotonic() - self._t0, 4)
+        self._samples += 1
+        self._update_issued()  # before mincore: a range issued now may become resident in this sample
+        new_by_source: list[tuple[str, Path, np.ndarray]] = []
+        if self.use_pagemap:
+            for p, mask in self._pagemap().items():
+                new_by_source.append(("pagemap", p, mask))
+        for p in self.paths:
+            try:
+                res = self._pagecache(p)
+            except OSError:
+                continue
+            issued = self._issued_mask.get(p)
+            if issued is not None:
+                res = res & ~issued
+            new_by_source.append(("pagecache", p, res))
+        for source, p, mask in new_by_source:
+            seen = self._seen[p]
+            new = mask & ~seen
+            if not new.any():
+                continue
+            seen |= new
+            for a, b in _runs(new):
+                off = a * PAGE
+                length = min(b * PAGE, self.sizes[p]) - off
+                self._ranges.append(ProfileRange(file=os.path.relpath(p, self.root), offset=off,
+                                                 length=length, t=t, source=source))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def start(self) -> "ProfileRecorder":
+        self._t0 = time.monotonic()
+        for p in self.paths:  # baseline: already-resident pages have no known order
+            try:
+                base = self._pagecache(p)
+            except OSError:
+                base = np.zeros(self._npages(p), dtype=bool)
+            self._baseline += int(base.sum()) * PAGE
+            self._seen[p] = base.copy()
+        self._thread = threading.Thread(target=self._run, name="coldstart-profile", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> Profile:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._sample()
+        return Profile(
+            snapshot_id=self.snapshot_id,
+            created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            files={os.path.relpath(p, self.root): s for p, s in self.sizes.items()},
+            ranges=list(self._ranges),
+            meta={"interval_s": self.interval, "samples": self._samples, "baseline_resident_bytes": self._baseline,
+                  "seconds": round(time.monotonic() - self._t0, 3), "signals": ["pagemap", "pagecache"]
+                  if self.use_pagemap else ["pagecache"], "page_size": PAGE},
+        )
+
+    def __enter__(self) -> "ProfileRecorder":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        if not self._stop.is_set():
+            self.stop()
+
+
+def profile_from_ranges(root: Path, ranges: list[Range], snapshot_id: str = "") -> Profile:
+    """A profile from an explicit list of ranges (e.g. the loader's own read order)."""
+    root = Path(root).absolute()
+    files = {os.path.relpath(r.path, root): Path(r.path).stat().st_size for r in ranges}
+    return Profile(snapshot_id=snapshot_id, created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                   files=files, ranges=[ProfileRange(file=os.path.relpath(r.path, root), offset=r.offset,
+                                                     length=r.length, t=float(i), source="explicit")
+                                        for i, r in enumerate(ranges)], meta={})

@@ -1,0 +1,193 @@
+"""Page-cache residency of files: mincore(2) on a read-only shared mapping, eviction, sampling.
+
+Why mincore and not fincore(1)/vmtouch: we need it in-process, per page (to record access
+profiles) and many times a second (progress bars, time series); mapping a file costs no I/O and
+mincore answers from the page cache without faulting anything in.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import mmap
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+PAGE = mmap.PAGESIZE
+_WINDOW = 1 << 30  # map at most 1 GiB at a time: bounds the vector and the address-space use
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_libc.munmap.restype = ctypes.c_int
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.mincore.restype = ctypes.c_int
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def _mincore_fd(fd: int, offset: int, length: int) -> np.ndarray:
+    """Residency (bool per page) of ``length`` bytes at page-aligned ``offset`` of an open file."""
+    npages = (length + PAGE - 1) // PAGE
+    out = np.zeros(npages, dtype=bool)
+    done = 0
+    while done < npages:
+        n = min(npages - done, _WINDOW // PAGE)
+        off = offset + done * PAGE
+        addr = _libc.mmap(None, n * PAGE, mmap.PROT_READ, mmap.MAP_SHARED, fd, off)
+        if addr in (None, _MAP_FAILED):
+            err = ctypes.get_errno()
+            raise OSError(err, f"mmap for mincore: {os.strerror(err)}")
+        try:
+            vec = (ctypes.c_ubyte * n)()
+            if _libc.mincore(addr, n * PAGE, vec) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"mincore: {os.strerror(err)}")
+            out[done:done + n] = np.frombuffer(vec, dtype=np.uint8) & 1
+        finally:
+            _libc.munmap(addr, n * PAGE)
+        done += n
+    return out
+
+
+def residency_vector(path: Path | str, offset: int = 0, length: int | None = None) -> np.ndarray:
+    """Per-page residency of a file (or of a page-aligned range of it), as a numpy bool array."""
+    if offset % PAGE:
+        raise ValueError("offset must be page-aligned")
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
+        if length is None:
+            length = size - offset
+        length = max(0, min(length, size - offset))
+        if length == 0:
+            return np.zeros(0, dtype=bool)
+        return _mincore_fd(fd, offset, length)
+    finally:
+        os.close(fd)
+
+
+def resident_bytes(path: Path | str) -> tuple[int, int]:
+    """(bytes of ``path`` in the page cache, file size). The last partial page counts its real size."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return 0, 0
+        vec = _mincore_fd(fd, 0, size)
+    finally:
+        os.close(fd)
+    resident = int(vec.sum()) * PAGE
+    if vec[-1] and size % PAGE:
+        resident -= PAGE - size % PAGE
+    return resident, size
+
+
+def range_resident(fd: int, offset: int, length: int) -> bool:
+    """True when every page of [offset, offset+length) of an open file is in the page cache."""
+    start = offset - offset % PAGE
+    return bool(_mincore_fd(fd, start, offset + length - start).all()) if length > 0 else True
+
+
+def evict(path: Path | str) -> None:
+    """Drop a file's pages from the page cache (fsync first: dirty pages cannot be dropped)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass  # read-only filesystems refuse fsync; their pages are clean anyway
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def expand_paths(paths: list[Path] | list[str]) -> list[Path]:
+    """Files named, plus the regular files under each directory named (sorted, recursive).
+
+    Missing paths are kept as they are: the warmers report them as errors."""
+    out: list[Path] = []
+    seen: set[Path] = set()
+    for p in map(Path, paths):
+        if p.is_dir():
+            items = sorted(q for q in p.rglob("*") if q.is_file() and not q.is_symlink())
+        else:
+            items = [p]
+        for q in items:
+            q = q.absolute()
+            if q not in seen:
+                seen.add(q)
+                out.append(q)
+    return out
+
+
+@dataclass
+class Sample:
+    t: float  # seconds since the sampler started
+    resident: int  # bytes resident, all files
+    per_file: dict[str, int] = field(default_factory=dict)
+
+
+class ResidencySampler:
+    """Background thread sampling the residency of a set of files every ``interval`` seconds.
+
+    Gives the "bytes resident over time" curve of a warm or a restore; unreadable files count 0."""
+
+    def __init__(self, paths: list[Path] | list[str], interval: float = 0.05, per_file: bool = False):
+        self.paths = expand_paths(list(paths))
+        self.interval = interval
+        self.per_file = per_file
+        self.samples: list[Sample] = []
+        self.total = 0
+        for p in self.paths:
+            try:
+                self.total += p.stat().st_size
+            except OSError:
+                pass
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._t0 = 0.0
+
+    def sample(self) -> Sample:
+        per: dict[str, int] = {}
+        total = 0
+        for p in self.paths:
+            try:
+                r, _ = resident_bytes(p)
+            except OSError:
+                r = 0
+            total += r
+            if self.per_file:
+                per[str(p)] = r
+        s = Sample(t=round(time.monotonic() - self._t0, 4), resident=total, per_file=per)
+        self.samples.append(s)
+        return s
+
+    def _run(self) -> None:
+        while True:
+            self.sample()
+            if self._stop.wait(self.interval):
+                break
+
+    def start(self) -> "ResidencySampler":
+        self._t0 = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="coldstart-residency", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> list[Sample]:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.sample()  # the final state
+        return self.samples
+
+    def __enter__(self) -> "ResidencySampler":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
