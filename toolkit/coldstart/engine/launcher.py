@@ -1,0 +1,341 @@
+"""Start, watch and stop a vLLM OpenAI server that CRIU can checkpoint.
+
+Why each setting (see ENVIRONMENT.md, vLLM section):
+- dev mode (``VLLM_SERVER_DEV_MODE=1``) exposes /sleep, /wake_up, /is_sleeping, /collective_rpc;
+- loopback only (``--host 127.0.0.1``, ``VLLM_HOST_IP``), so no external socket ends up in an image;
+- ``--enforce-eager``: the compile cache does not reload on CPU, and eager keeps the process simple;
+- the run's own directory for caches, RPC sockets and temp files: a restore needs the same paths,
+  and nothing litters the system temp dir;
+- no io_uring: CRIU cannot dump it, uvloop opens one anyway; ``coldstart.engine.noiouring`` makes
+  ``io_uring_setup`` fail with ENOSYS for the server only;
+- its own PID namespace (``unshare --pid --fork setsid``): a restore can reuse the same PIDs while
+  another copy of the server still runs, and killing the namespace's init leaves no orphans.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from coldstart.errors import ColdstartError
+
+SLEEP_WORKER = "coldstart.engine.sleep_worker.SleepCPUWorker"
+VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+@dataclass
+class EngineSpec:
+    """Everything needed to start one vLLM server; also what a cold-boot fallback re-runs."""
+
+    model: Path
+    run_dir: Path
+    port: int = 8000
+    host: str = "127.0.0.1"
+    kv_cache_bytes: int = 256 << 20
+    sleep_mode: bool = True
+    load_format: str | None = None  # None = vLLM's default (safetensors); "coldstart" = our flat file
+    extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    device: str = "cpu"  # "cpu" (our sleep worker) | "cuda" (vLLM's CuMemAllocator; unverified on GPU)
+    served_model_name: str | None = None
+    max_model_len: int | None = None
+    seed: int = 0
+    python: str = sys.executable
+    no_io_uring: bool = True
+
+    def __post_init__(self) -> None:
+        self.model = Path(self.model)
+        self.run_dir = Path(self.run_dir)
+        if self.device not in ("cpu", "cuda"):
+            raise ColdstartError(f"unknown engine device {self.device!r} (expected cpu or cuda)")
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.run_dir / "server.log"
+
+    def vllm_args(self) -> list[str]:
+        """The arguments after ``python -m vllm.entrypoints.openai.api_server``."""
+        a = ["--model", str(self.model), "--host", self.host, "--port", str(self.port),
+             "--enforce-eager", "--seed", str(self.seed)]
+        if self.served_model_name:
+            a += ["--served-model-name", self.served_model_name]
+        if self.max_model_len:
+            a += ["--max-model-len", str(self.max_model_len)]
+        if self.kv_cache_bytes:
+            a += ["--kv-cache-memory-bytes", str(self.kv_cache_bytes)]
+        if self.load_format:
+            a += ["--load-format", self.load_format]
+        if self.sleep_mode:
+            a += ["--enable-sleep-mode"]
+            if self.device == "cpu":
+                a += ["--worker-cls", SLEEP_WORKER]
+        return a + list(self.extra_args)
+
+    def argv(self) -> list[str]:
+        """The full command of the server (wrapped by the no-io_uring filter), without the PID-ns part."""
+        cmd = [self.python, "-m", VLLM_SERVER_MODULE, *self.vllm_args()]
+        if self.no_io_uring:
+            cmd = [self.python, "-m", "coldstart.engine.noiouring", "--", *cmd]
+        return cmd
+
+    def env_overrides(self) -> dict[str, str]:
+        """Only the variables we set (recorded in the manifest; applied on top of os.environ)."""
+        rd = self.run_dir
+        e = {
+            "VLLM_SERVER_DEV_MODE": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_HOST_IP": "127.0.0.1",
+            "VLLM_CACHE_ROOT": str(rd / "cache"),
+            "VLLM_RPC_BASE_PATH": str(rd / "rpc"),
+            "TMPDIR": str(rd / "tmp"),
+            "HF_HOME": str(rd / "hf"),
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "UV_USE_IO_URING": "0",
+            "PYTHONUNBUFFERED": "1",
+        }
+        if self.sleep_mode and self.device == "cpu":
+            # read by coldstart.engine.plugin: accept --enable-sleep-mode on CPU (our worker does it)
+            e["COLDSTART_CPU_SLEEP"] = "1"
+        e.update(self.env)
+        return e
+
+    def full_env(self) -> dict[str, str]:
+        """The full environment of the server process (os.environ + ``env_overrides()``).
+        (``env`` is the field of extra variables, hence the name.)"""
+        e = dict(os.environ)
+        e.update(self.env_overrides())
+        return e
+
+    def prepare_dirs(self) -> None:
+        for sub in ("cache", "rpc", "tmp", "hf"):
+            (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
+
+
+class EngineProcess:
+    """A running server: the host PIDs of its tree, readiness, and a clean stop.
+
+    ``root_pid`` is the server's API process (PID 1 of its namespace when ``new_pidns``);
+    ``popen`` is our direct child (``unshare`` or the server itself), None for an attached tree
+    (e.g. one restored by CRIU)."""
+
+    def __init__(self, spec: EngineSpec, popen: subprocess.Popen | None, root_pid: int,
+                 new_pidns: bool, log_file=None):
+        self.spec = spec
+        self.popen = popen
+        self.root_pid = root_pid
+        self.new_pidns = new_pidns
+        self._log_file = log_file
+        self.started_at = time.monotonic()
+
+    @classmethod
+    def attach(cls, spec: EngineSpec, root_pid: int, popen: subprocess.Popen | None = None,
+               new_pidns: bool = True) -> "EngineProcess":
+        """Wrap an already running tree (a CRIU-restored server) to wait for, inspect and stop it."""
+        return cls(spec, popen, root_pid, new_pidns)
+
+    @property
+    def base_url(self) -> str:
+        return self.spec.base_url
+
+    def alive(self) -> bool:
+        import psutil
+
+        if self.popen is not None and self.popen.poll() is not None:
+            return False
+        try:
+            p = psutil.Process(self.root_pid)
+            return p.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    def pids(self) -> list[int]:
+        """Host PIDs of the server tree: the root and all its descendants (not the unshare helper)."""
+        import psutil
+
+        try:
+            root = psutil.Process(self.root_pid)
+            return [self.root_pid] + [c.pid for c in root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def log_tail(self, n: int = 20) -> str:
+        try:
+            lines = self.spec.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-n:])
+
+    def wait_ready(self, timeout: float = 300.0) -> float:
+        """Block until GET /health answers 200; returns the seconds since start. Raises
+        ColdstartError (with the last log line) if the server dies or the timeout passes."""
+        from coldstart.engine.client import EngineClient
+
+        client = EngineClient(self.base_url, timeout=2.0)
+        deadline = time.monotonic() + timeout
+        while True:
+            if not self.alive():
+                raise ColdstartError(f"vLLM server exited before it was ready "
+                                     f"(see {self.spec.log_path}): {_last_error_line(self.log_tail(60))}")
+            if client.health():
+                return time.monotonic() - self.started_at
+            if time.monotonic() > deadline:
+                raise ColdstartError(f"vLLM server not ready after {timeout:.0f} s (see {self.spec.log_path})")
+            time.sleep(0.25)
+
+    def shm_paths(self) -> set[Path]:
+        """/dev/shm files the tree has open or mapped (vLLM's message-queue buffers, semaphores)."""
+        found: set[Path] = set()
+        for pid in self.pids():
+            try:
+                with open(f"/proc/{pid}/maps") as f:
+                    for line in f:
+                        parts = line.split(None, 5)
+                        if len(parts) == 6 and parts[5].startswith("/dev/shm/"):
+                            path = parts[5].strip()
+                            if not path.endswith("(deleted)"):
+                                found.add(Path(path))
+            except OSError:
+                pass
+            try:
+                for fd in os.listdir(f"/proc/{pid}/fd"):
+                    try:
+                        target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    except OSError:
+                        continue
+                    if target.startswith("/dev/shm/") and not target.endswith("(deleted)"):
+                        found.add(Path(target))
+            except OSError:
+                pass
+        return found
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM the tree, SIGKILL what is left after ``timeout``; reap; remove its /dev/shm files."""
+        import psutil
+
+        shm = self.shm_paths()
+        procs = []
+        for pid in self.pids():
+            try:
+                procs.append(psutil.Process(pid))
+            except psutil.NoSuchProcess:
+                pass
+        if procs:
+            try:
+                procs[0].send_signal(signal.SIGTERM)
+            except psutil.NoSuchProcess:
+                pass
+            _, alive = psutil.wait_procs(procs, timeout=timeout)
+            for p in alive:
+                try:
+                    p.kill()
+                except psutil.NoSuchProcess:
+                    pass
+            psutil.wait_procs(alive, timeout=10)
+        if self.popen is not None:
+            try:
+                self.popen.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(timeout=10)
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+        for p in shm:
+            try:
+                p.unlink()
+            except OSError:
+                pass
+
+    def __enter__(self) -> "EngineProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _last_error_line(tail: str) -> str:
+    lines = [ln for ln in tail.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if "Error" in ln or "error" in ln or "Exception" in ln:
+            return ln.strip()[-300:]
+    return lines[-1].strip()[-300:] if lines else "(empty log)"
+
+
+def _unshare() -> str:
+    path = shutil.which("unshare")
+    if not path:
+        raise ColdstartError("`unshare` (util-linux) not found: needed to start the server in its own PID namespace")
+    return path
+
+
+def start_engine(spec: EngineSpec, new_pidns: bool = True, log_mode: str = "w") -> EngineProcess:
+    """Start the server in the background (logs to ``run_dir/server.log``). Call ``wait_ready`` next."""
+    import psutil
+
+    spec.prepare_dirs()
+    argv = spec.argv()
+    if new_pidns:
+        # the inner setsid makes the server a session leader (no controlling tty: CRIU-friendly);
+        # no --mount-proc (it broke CRIU restore here), so /proc shows host PIDs.
+        argv = [_unshare(), "--pid", "--fork", "--kill-child", "setsid", *argv]
+    log = open(spec.log_path, log_mode)
+    try:
+        popen = subprocess.Popen(argv, env=spec.full_env(), stdin=subprocess.DEVNULL, stdout=log,
+                                 stderr=subprocess.STDOUT, start_new_session=True, cwd=spec.run_dir)
+    except OSError as e:
+        log.close()
+        raise ColdstartError(f"cannot start the vLLM server ({argv[0]}): {e}") from e
+    root_pid = popen.pid
+    if new_pidns:
+        # the namespace's init is unshare's only child; it appears right after the fork
+        deadline = time.monotonic() + 10
+        root_pid = 0
+        while time.monotonic() < deadline:
+            try:
+                kids = psutil.Process(popen.pid).children()
+            except psutil.NoSuchProcess:
+                kids = []
+            if kids:
+                root_pid = kids[0].pid
+                break
+            if popen.poll() is not None:
+                break
+            time.sleep(0.01)
+        if not root_pid:
+            popen.kill()
+            popen.wait()
+            log.close()
+            raise ColdstartError(f"unshare did not start the server (see {spec.log_path})")
+    return EngineProcess(spec, popen, root_pid, new_pidns, log)
+
+
+def find_worker_pid(pids: list[int] | EngineProcess) -> int:
+    """The host PID of the process holding the model (vLLM's Worker, else its EngineCore)."""
+    import psutil
+
+    if isinstance(pids, EngineProcess):
+        pids = pids.pids()
+    by_title: dict[str, int] = {}
+    for pid in pids:
+        try:
+            title = " ".join(psutil.Process(pid).cmdline())
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        for key in ("Worker", "EngineCore"):
+            if key in title and key not in by_title:
+                by_title[key] = pid
+    for key in ("Worker", "EngineCore"):
+        if key in by_title:
+            return by_title[key]
+    raise ColdstartError(f"no vLLM worker process among {pids}")

@@ -1,0 +1,255 @@
+"""Real sleep mode on CPU: a ``--worker-cls`` subclass of vLLM's CPU worker.
+
+vLLM's own CPU worker logs "sleep mode is not supported on CPU" and frees nothing. This worker gives
+CPU the same contract as vLLM's GPU CuMemAllocator: ``sleep(1)`` releases the KV cache's physical
+pages, ``sleep(2)`` also the weights'; every tensor keeps its address (madvise(MADV_DONTNEED) on the
+page-aligned part of each storage: the virtual range stays mapped, the kernel drops the pages, and
+the next touch maps a zero page). ``wake_up`` marks tags awake (pages come back zero-filled); the
+weights are then refilled in place by ``coldstart_reload`` from a flat dump through our parallel
+loader (or by vLLM's ``reload_weights``). A process asleep at level 2 is what CRIU dumps: released
+pages are not in the image.
+
+One deliberate change to how vLLM runs on CPU, in this worker only: linear layers keep their weight
+as a plain tensor and call ``torch.nn.functional.linear`` instead of a oneDNN/SGL prepacked copy.
+Prepacked copies live in memory owned by C++ handles that can neither be released nor refilled in
+place; with them, sleep would free little and a reload would change nothing. Measured cost is in
+docs/engine.md.
+
+Methods callable through POST /collective_rpc (arguments arrive as strings; JSON is decoded):
+``coldstart_reload(path)``, ``coldstart_dump_weights(out_dir)``, ``coldstart_rss()``,
+``coldstart_weights_bytes()``, ``coldstart_state()``, plus vLLM's ``sleep``/``wake_up``/``reload_weights``.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import mmap
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+from vllm.v1.worker.cpu_worker import CPUWorker
+
+from coldstart.engine.plugin import decode_arg, find_flat_dir, model_tensors
+
+log = logging.getLogger("coldstart.engine.sleep_worker")
+
+MADV_DONTNEED = 4
+PAGE = mmap.PAGESIZE
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_libc.madvise.restype = ctypes.c_int
+
+
+def release_range(addr: int, nbytes: int) -> int:
+    """MADV_DONTNEED the whole pages inside [addr, addr+nbytes); returns the bytes released."""
+    start = (addr + PAGE - 1) & ~(PAGE - 1)
+    end = (addr + nbytes) & ~(PAGE - 1)
+    if end <= start:
+        return 0
+    if _libc.madvise(start, end - start, MADV_DONTNEED) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"madvise(MADV_DONTNEED, {end - start} bytes): {os.strerror(e)}")
+    return end - start
+
+
+def unique_storages(tensors: Iterable[torch.Tensor]) -> list[tuple[int, int]]:
+    """(address, nbytes) of each distinct CPU storage behind ``tensors``."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if t is None or not isinstance(t, torch.Tensor) or t.device.type != "cpu":
+            continue
+        st = t.untyped_storage()
+        ptr, n = st.data_ptr(), st.nbytes()
+        if ptr and n:
+            seen[ptr] = max(n, seen.get(ptr, 0))
+    return sorted(seen.items())
+
+
+def release_tensors(tensors: Iterable[torch.Tensor]) -> tuple[int, int]:
+    """Release the pages of every distinct storage; returns (storage bytes, bytes released)."""
+    total = released = 0
+    for ptr, n in unique_storages(tensors):
+        total += n
+        released += release_range(ptr, n)
+    return total, released
+
+
+def rss_bytes() -> int:
+    """This process's resident set size (from /proc/self: correct inside a PID namespace too)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * PAGE
+
+
+def _plain_cpu_linear(layer: torch.nn.Module, remove_weight: bool) -> None:
+    """Replacement for vLLM's CPU GEMM dispatch: keep the weight tensor, use F.linear on it."""
+    weight = getattr(layer, "weight", None)
+    if weight is not None and weight.ndim != 2 and _ORIG_DISPATCH is not None:
+        _ORIG_DISPATCH(layer, remove_weight)  # conv/MoE weights: vLLM's own handling
+        return
+    layer.cpu_linear = lambda x, weight, bias: torch.nn.functional.linear(x, weight, bias)
+
+
+_ORIG_DISPATCH = None
+
+
+def keep_plain_linear_weights() -> None:
+    """Route vLLM's CPU linear layers through F.linear on their own weight (see module docstring)."""
+    global _ORIG_DISPATCH
+    from vllm.model_executor.layers import utils as layer_utils
+
+    if _ORIG_DISPATCH is None:
+        _ORIG_DISPATCH = layer_utils.dispatch_cpu_unquantized_gemm
+        layer_utils.dispatch_cpu_unquantized_gemm = _plain_cpu_linear
+
+
+class SleepCPUWorker(CPUWorker):
+    """vLLM's CPU worker with real sleep levels 1 and 2 and in-place fast reload."""
+
+    _cs_sleeping: set[str]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._cs_sleeping = set()
+        self._cs_saved_buffers: dict[str, torch.Tensor] = {}
+        self._cs_last: dict[str, Any] = {}
+
+    # --- model / KV tensors
+    def load_model(self, *args, **kwargs) -> None:
+        keep_plain_linear_weights()
+        super().load_model(*args, **kwargs)
+
+    def _cs_model(self) -> torch.nn.Module:
+        return self.model_runner.get_model()
+
+    def _cs_weight_tensors(self) -> dict[str, torch.Tensor]:
+        return {n: p.data for n, p in self._cs_model().named_parameters() if p.numel()}
+
+    def _cs_kv_tensors(self) -> list[torch.Tensor]:
+        out: list[torch.Tensor] = []
+        kv = getattr(self.model_runner, "kv_caches", None) or []
+        for t in kv:
+            if isinstance(t, torch.Tensor):
+                out.append(t)
+            elif isinstance(t, (list, tuple)):
+                out += [x for x in t if isinstance(x, torch.Tensor)]
+        return out
+
+    # --- sleep / wake (same contract as vLLM's GPU worker)
+    @torch.inference_mode()
+    def sleep(self, level: int = 1) -> None:
+        level = int(decode_arg(level))
+        t0 = time.perf_counter()
+        rss0 = rss_bytes()
+        kv_total, kv_rel = release_tensors(self._cs_kv_tensors())
+        self._cs_sleeping.add("kv_cache")
+        w_total = w_rel = 0
+        if level >= 2:
+            model = self._cs_model()
+            # like vLLM's GPU worker: buffers (rotary caches...) are not in a checkpoint; keep a copy
+            self._cs_saved_buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+            w_total, w_rel = release_tensors(list(self._cs_weight_tensors().values())
+                                             + [b for _, b in model.named_buffers()])
+            self._cs_sleeping.add("weights")
+        self._cs_last = {"op": "sleep", "level": level, "kv_bytes": kv_total, "kv_released": kv_rel,
+                         "weights_bytes": w_total, "weights_released": w_rel,
+                         "rss_before": rss0, "rss_after": rss_bytes(),
+                         "seconds": round(time.perf_counter() - t0, 6)}
+        log.info("coldstart sleep(%d): %s", level, self._cs_last)
+
+    @torch.inference_mode()
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        tags = decode_arg(tags)
+        if isinstance(tags, str):
+            tags = [tags]
+        wake = set(tags) if tags else {"weights", "kv_cache"}
+        if "weights" in wake and self._cs_saved_buffers:
+            model = self._cs_model()
+            for name, buf in model.named_buffers():
+                if name in self._cs_saved_buffers:
+                    buf.data.copy_(self._cs_saved_buffers[name])
+            self._cs_saved_buffers = {}
+        if "kv_cache" in wake:
+            # released pages read back as zeros already; nothing stale survives
+            pass
+        self._cs_sleeping -= wake
+
+    # --- reload / dump
+    @torch.inference_mode()
+    def coldstart_reload(self, path: str | None = None, threads: Any = 8, verify: Any = False,
+                         direct: Any = False, chunk_bytes: Any = None, buffers: Any = None) -> dict:
+        """Refill every parameter and buffer in place from a flat dump; returns the loader's stats."""
+        from coldstart.weights.loader import load_into
+
+        extra = self.vllm_config.load_config.model_loader_extra_config or {}
+        flat = find_flat_dir(decode_arg(path) or self.model_config.model, extra if path is None else None)
+        kw: dict[str, Any] = {"threads": int(decode_arg(threads)), "verify": bool(decode_arg(verify)),
+                              "direct": bool(decode_arg(direct))}
+        if chunk_bytes is not None:
+            kw["chunk_bytes"] = int(decode_arg(chunk_bytes))
+        if buffers is not None:
+            kw["buffers"] = int(decode_arg(buffers))
+        t0 = time.perf_counter()
+        stats = load_into(Path(flat), model_tensors(self._cs_model()), **kw)
+        secs = time.perf_counter() - t0
+        out = _as_dict(stats)
+        out.update({"seconds_rpc": round(secs, 6), "flat": str(flat)})
+        self._cs_saved_buffers = {}
+        return out
+
+    def reload_weights(self, *args, **kwargs) -> Any:
+        """vLLM's reload_weights; with ``weights_path`` pointing at a flat dump, our loader instead."""
+        wp = kwargs.get("weights_path")
+        if wp is not None:
+            wp = decode_arg(wp)
+            p = Path(str(wp))
+            if (p / "weights.flat").is_file() and (p / "weights.index.json").is_file():
+                return self.coldstart_reload(str(p))
+            kwargs["weights_path"] = str(wp)
+        t0 = time.perf_counter()
+        super().reload_weights(*args, **kwargs)
+        return {"seconds_rpc": round(time.perf_counter() - t0, 6)}
+
+    @torch.inference_mode()
+    def coldstart_dump_weights(self, out_dir: str) -> dict:
+        """Write the live model's parameters and buffers (kernel format) to a flat dump."""
+        from coldstart.weights.dump import dump_tensors
+
+        if "weights" in self._cs_sleeping:
+            raise RuntimeError("cannot dump weights while they are released (sleep level 2)")
+        tensors = model_tensors(self._cs_model())
+        t0 = time.perf_counter()
+        index = dump_tensors(tensors.items(), Path(decode_arg(out_dir)))
+        return {"tensors": len(tensors), "bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
+                "seconds": round(time.perf_counter() - t0, 6), "index": _as_dict(index, shallow=True)}
+
+    # --- introspection
+    def coldstart_rss(self) -> int:
+        return rss_bytes()
+
+    def coldstart_weights_bytes(self) -> int:
+        return sum(n for _, n in unique_storages(self._cs_weight_tensors().values()))
+
+    def coldstart_state(self) -> dict:
+        return {"sleeping": sorted(self._cs_sleeping), "rss": rss_bytes(), "pid": os.getpid(),
+                "weights_bytes": self.coldstart_weights_bytes(),
+                "kv_bytes": sum(n for _, n in unique_storages(self._cs_kv_tensors())),
+                "last": self._cs_last}
+
+
+def _as_dict(obj: Any, shallow: bool = False) -> Any:
+    import dataclasses
+
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        if shallow:
+            return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)
+                    if isinstance(getattr(obj, f.name), (int, float, str, bool, type(None)))}
+        return {k: v for k, v in dataclasses.asdict(obj).items()
+                if isinstance(v, (int, float, str, bool, type(None), list, dict))}
+    if isinstance(obj, dict):
+        return obj
+    return {"value": str(obj)}
