@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -129,14 +130,19 @@ def make_plan(paths: list[Path] | list[str], *, chunk: int, profile: Path | None
     errors: dict[Path, str] = {}
     for p in expand_paths(list(paths)):
         try:
-            fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+            # O_NONBLOCK: a FIFO named by mistake must not hang the restore
+            fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         except OSError as e:
             errors[p] = f"{p}: cannot open for warming: {e.strerror or e}"
             continue
         try:
-            files[p] = os.fstat(fd).st_size
+            st = os.fstat(fd)
         finally:
             os.close(fd)
+        if not stat.S_ISREG(st.st_mode):
+            errors[p] = f"{p}: not a regular file, not warmed"
+            continue
+        files[p] = st.st_size
 
     names = sorted(files, key=file_rank)
     if order:

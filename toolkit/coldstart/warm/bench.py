@@ -1,0 +1,228 @@
+"""Warming benchmarks: cold -> resident per mode (`coldstart bench warm`), and the harness for the
+issue-5 restore benchmark (restore -> first token per warming mode), which the pipeline plugs into.
+
+Every round runs every variant once, side by side (the machine is shared and noisy); we report
+medians, the device's measured sequential bandwidth and the bytes actually read from the device.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from coldstart.errors import ColdstartError
+from coldstart.warm.residency import evict, expand_paths, resident_bytes
+
+GiB = 1 << 30
+CACHE = Path(os.environ.get("COLDSTART_CACHE", "/var/cache/coldstart"))
+
+
+# -- device facts
+def block_device(path: Path) -> str:
+    """Kernel name of the block device holding ``path`` (for /proc/diskstats)."""
+    st = os.stat(path)
+    link = Path(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}")
+    if not link.exists():
+        raise ColdstartError(f"{path}: not on a block device (st_dev {os.major(st.st_dev)}:{os.minor(st.st_dev)})")
+    return link.resolve().name
+
+
+def device_read_bytes(dev: str) -> int:
+    """Bytes read from ``dev`` since boot (/proc/diskstats: sectors read x 512)."""
+    with open("/proc/diskstats") as f:
+        for line in f:
+            parts = line.split()
+            if parts[2] == dev:
+                return int(parts[5]) * 512
+    raise ColdstartError(f"block device {dev} not in /proc/diskstats")
+
+
+def sequential_bandwidth(path: Path, *, size: int | None = None) -> dict:
+    """The device's sequential read bandwidth, measured with fio (O_DIRECT, 8 MiB blocks, QD 16):
+    no page cache involved, so it is the physics floor the warmers are held to."""
+    fio = shutil.which("fio")
+    if fio is None:
+        raise ColdstartError("fio not found (apt-get install fio): cannot measure the device bandwidth")
+    size = size or os.path.getsize(path)
+    cmd = [fio, "--name=seqread", f"--filename={path}", "--rw=read", "--bs=8M", "--direct=1",
+           "--ioengine=libaio", "--iodepth=16", "--readonly", f"--size={size}", "--output-format=json"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise ColdstartError(f"fio failed: {out.stderr.strip().splitlines()[-1] if out.stderr else out.returncode}")
+    job = json.loads(out.stdout)["jobs"][0]["read"]
+    return {"bw_bytes_s": job["bw_bytes"], "gib_s": round(job["bw_bytes"] / GiB, 3), "bytes": job["io_bytes"],
+            "tool": "fio --direct=1 --bs=8M --iodepth=16 --ioengine=libaio"}
+
+
+def drop_caches(files: list[Path] | None = None) -> None:
+    """Cold case: evict ``files`` (posix_fadvise DONTNEED) or, with None, the whole page cache."""
+    if files is None:
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("1\n")
+    else:
+        for f in files:
+            evict(f)
+
+
+def make_bench_file(size_gib: float) -> Path:
+    """A weights-sized file of random bytes, made once per machine (warming is content-blind)."""
+    size = int(size_gib * GiB) // 4096 * 4096
+    d = CACHE / "bench" / "warm"
+    d.mkdir(parents=True, exist_ok=True)
+    p = d / f"weights-{size}.bin"
+    if p.exists() and p.stat().st_size == size:
+        return p
+    tmp = p.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        left = size
+        while left:
+            n = min(left, 64 << 20)
+            f.write(os.urandom(n))
+            left -= n
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, p)
+    return p
+
+
+# -- the warm -> resident benchmark
+WARM_VARIANTS: dict[str, dict] = {
+    "vmtouch": {"mode": "vmtouch"},
+    "native": {"mode": "native"},
+    "native-willneed": {"mode": "native", "method": "willneed"},
+    "native-1thread": {"mode": "native", "threads": 1},
+}
+
+
+def _median(xs: list[float]) -> float:
+    return round(statistics.median(xs), 4) if xs else float("nan")
+
+
+def run_warm_bench(*, files: list[Path] | None, size_gib: float, runs: int, out: Path, modes: list[str],
+                   echo: Callable[[str], None] = print) -> list[dict]:
+    from coldstart.warm import make_warmer
+
+    for m in modes:
+        if m not in WARM_VARIANTS:
+            raise ColdstartError(f"unknown warm bench mode {m!r} (choose from {', '.join(WARM_VARIANTS)})")
+    paths = expand_paths(files) if files else [make_bench_file(size_gib)]
+    total = sum(p.stat().st_size for p in paths)
+    dev = block_device(paths[0])
+    drop_caches(paths)
+    bw = sequential_bandwidth(paths[0])
+    echo(f"device {dev}: sequential read {bw['gib_s']} GiB/s ({bw['tool']})")
+    rows: list[dict] = []
+    for rnd in range(runs):
+        for m in modes:
+            drop_caches(paths)
+            before = sum(resident_bytes(p)[0] for p in paths)
+            d0 = device_read_bytes(dev)
+            t0 = time.monotonic()
+            w = make_warmer(paths, **WARM_VARIANTS[m]).start()
+            st = w.wait()
+            secs = time.monotonic() - t0
+            d1 = device_read_bytes(dev)
+            after = sum(resident_bytes(p)[0] for p in paths)
+            row = {"round": rnd, "mode": m, "seconds": round(secs, 4), "bytes": total,
+                   "resident_before": before, "resident_after": after, "device_read_bytes": d1 - d0,
+                   "gib_s": round(total / GiB / secs, 3), "errors": st.errors}
+            rows.append(row)
+            echo(f"round {rnd} {m:16s} {secs:7.3f} s  {row['gib_s']:6.2f} GiB/s  device read {(d1 - d0) / GiB:.2f} GiB"
+                 f"  resident {after / GiB:.2f}/{total / GiB:.2f} GiB")
+    physics = total / bw["bw_bytes_s"]
+    _write(out, "warm_bench", rows, {"device": dev, "bandwidth": bw, "bytes": total, "files": [str(p) for p in paths],
+                                     "physics_s": round(physics, 4)},
+           _warm_table(rows, modes, total, bw, physics))
+    return rows
+
+
+def _warm_table(rows: list[dict], modes: list[str], total: int, bw: dict, physics: float) -> str:
+    lines = [f"Cold -> fully resident, {total / GiB:.2f} GiB, median of {len({r['round'] for r in rows})} rounds "
+             f"(page cache of the files dropped before each case). Device sequential bandwidth "
+             f"{bw['gib_s']} GiB/s ({bw['tool']}) -> physics floor {physics:.3f} s.", "",
+             "| mode | median s | GiB/s | device read GiB | x physics |", "|---|---|---|---|---|"]
+    for m in modes:
+        rs = [r for r in rows if r["mode"] == m]
+        s = _median([r["seconds"] for r in rs])
+        dr = _median([r["device_read_bytes"] / GiB for r in rs])
+        lines.append(f"| {m} | {s:.3f} | {total / GiB / s:.2f} | {dr:.2f} | {s / physics:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def _write(out: Path, name: str, rows: list[dict], meta: dict, table: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / f"{name}.jsonl", "w") as f:
+        f.write(json.dumps({"meta": meta}) + "\n")
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    (out / f"{name}.md").write_text(table)
+    # one line per benchmark: the exact command that produced {name}.*
+    cmd_file = out / "COMMAND"
+    keep = [l for l in (cmd_file.read_text().splitlines() if cmd_file.exists() else []) if not l.endswith(f"# -> {name}.*")]
+    argv = ["coldstart" if a.endswith("/coldstart") else a for a in sys.argv]
+    cmd_file.write_text("\n".join([*keep, " ".join(shlex.quote(a) for a in argv) + f"   # -> {name}.*"]) + "\n")
+
+
+# -- the restore -> first token benchmark (issue 5); the pipeline supplies `restore_once`
+RestoreFn = Callable[[dict], dict]
+
+
+def run_restore_bench(restore_once: RestoreFn, snapshot_dir: Path, *, runs: int = 5, out: Path = Path("results/warm"),
+                      variants: list[dict] | None = None, drop: str = "global",
+                      echo: Callable[[str], None] = print) -> list[dict]:
+    """For each round: every warming variant cold (page cache dropped first), then one warm restore.
+
+    ``restore_once(variant)`` restores the snapshot with that variant (``variant["mode"]``,
+    ``variant["profile"]`` (bool: use DIR/profile.json), ``variant.get("loader_odirect")``), waits for
+    the first token and returns a dict with at least ``first_token_s`` (seconds from start to first
+    token). ``drop``: "global" (drop_caches: libraries too, the honest cold node) or "snapshot"."""
+    from coldstart.warm import warm_modes
+
+    variants = variants or warm_modes()
+    snapshot_dir = Path(snapshot_dir)
+    files = expand_paths([snapshot_dir])
+    total = sum(p.stat().st_size for p in files)
+    dev = block_device(files[0])
+    biggest = max(files, key=lambda p: p.stat().st_size)
+    drop_caches(None if drop == "global" else files)
+    bw = sequential_bandwidth(biggest)
+    echo(f"device {dev}: sequential read {bw['gib_s']} GiB/s; snapshot {total / GiB:.2f} GiB")
+    rows: list[dict] = []
+    for rnd in range(runs):
+        for v in [*variants, {"name": "warm", "mode": "none", "profile": False, "warm": True}]:
+            if not v.get("warm"):
+                drop_caches(None if drop == "global" else files)
+            d0 = device_read_bytes(dev)
+            res = restore_once(v)
+            d1 = device_read_bytes(dev)
+            row = {"round": rnd, "variant": v["name"], **res, "device_read_bytes": d1 - d0}
+            rows.append(row)
+            echo(f"round {rnd} {v['name']:16s} first token {res.get('first_token_s', float('nan')):.3f} s  "
+                 f"device read {(d1 - d0) / GiB:.2f} GiB")
+    names = [v["name"] for v in variants] + ["warm"]
+    med = {n: _median([r["first_token_s"] for r in rows if r["variant"] == n and "first_token_s" in r]) for n in names}
+    dread = {n: _median([r["device_read_bytes"] for r in rows if r["variant"] == n]) for n in names}
+    lines = [f"Restore -> first token, median of {runs} rounds, cold = page cache dropped ({drop}) before each case. "
+             f"Device sequential bandwidth {bw['gib_s']} GiB/s ({bw['tool']}).", "",
+             "| variant | first token s (median) | device read GiB | floor s = max(warm, read/bw) | x floor |",
+             "|---|---|---|---|---|"]
+    best = None
+    for n in names:
+        floor = max(med["warm"], dread[n] / bw["bw_bytes_s"])
+        ratio = med[n] / floor if floor else float("nan")
+        if n not in ("warm", "none", "odirect") and (best is None or ratio < best[1]):
+            best = (n, ratio)
+        lines.append(f"| {n} | {med[n]:.3f} | {dread[n] / GiB:.2f} | {floor:.3f} | {ratio:.2f} |")
+    if best:
+        verdict = "met" if best[1] <= 1.2 else "MISSED"
+        lines += ["", f"Target (best overlapped warming <= 1.2 x floor): {verdict} — {best[0]} at {best[1]:.2f} x."]
+    _write(out, "restore_bench", rows, {"device": dev, "bandwidth": bw, "snapshot_bytes": total, "drop": drop},
+           "\n".join(lines) + "\n")
+    return rows
