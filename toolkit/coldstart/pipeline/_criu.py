@@ -1,0 +1,82 @@
+"""The smallest adapter between the pipeline and CRIU.
+
+Uses the criu stage (``coldstart.criu.locate.find_criu``) to find the binary when it is there, and
+runs ``criu dump`` / ``criu restore`` with the options a vLLM server needs (ENVIRONMENT.md):
+``--tcp-established`` (the HTTP listener and gloo's loopback connections), ``--ext-unix-sk``,
+``--link-remap`` (deleted /dev/shm/sem.* files), ``--ghost-limit`` (deleted temp files), ``--shell-job``.
+``COLDSTART_CRIU`` overrides the binary (tests point it at a missing path to force the fallback).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from coldstart.errors import ColdstartError
+
+COMMON = ["--shell-job", "--ext-unix-sk", "--tcp-established", "--link-remap", "--file-locks"]
+DUMP_ONLY = ["--ghost-limit", "512M", "--skip-in-flight"]
+
+
+def find(variant: str = "patched") -> str:
+    """Absolute path of the criu binary to use (raises ColdstartError naming what is missing)."""
+    env = os.environ.get("COLDSTART_CRIU")
+    if env:
+        if not (os.path.isfile(env) and os.access(env, os.X_OK)):
+            raise ColdstartError(f"criu binary {env} (COLDSTART_CRIU) does not exist or is not executable")
+        return env
+    try:
+        from coldstart.criu.locate import find_criu  # the criu stage, when present
+
+        return str(find_criu(variant))
+    except ImportError:
+        pass
+    except ColdstartError:
+        if variant != "stock":
+            return find("stock")
+        raise
+    cache = Path(os.environ.get("COLDSTART_CACHE", "/var/cache/coldstart")) / "criu"
+    for cand in (cache / f"current-{variant}" / "sbin" / "criu", cache / "current-stock" / "sbin" / "criu",
+                 *sorted(cache.glob(f"{variant}-*/sbin/criu")), *sorted(cache.glob("stock-*/sbin/criu"))):
+        if cand.is_file() and os.access(cand, os.X_OK):
+            return str(cand)
+    which = shutil.which("criu")
+    if which:
+        return which
+    raise ColdstartError("no criu binary found (run `make setup`, or set COLDSTART_CRIU)")
+
+
+def supports_mmap_pages(criu: str) -> bool:
+    """Whether this criu is our patched one (restore maps pages-*.img instead of copying)."""
+    try:
+        out = subprocess.run([criu, "restore", "--help"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "--mmap-pages" in (out.stdout + out.stderr)
+
+
+def _log_tail(log: Path, n: int = 4) -> str:
+    try:
+        lines = [ln for ln in log.read_text(errors="replace").splitlines() if "Error" in ln or "error" in ln]
+    except OSError:
+        return ""
+    return " | ".join(ln.strip()[-200:] for ln in lines[-n:])
+
+
+def dump(criu: str, pid: int, images: Path, log_dir: Path, timeout: float = 600) -> None:
+    images.mkdir(parents=True, exist_ok=True)
+    log = log_dir / "dump.log"
+    argv = [criu, "dump", "-t", str(pid), "-D", str(images), "-W", str(log_dir), "-o", str(log), "-v4",
+            *COMMON, *DUMP_ONLY]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0:
+        raise ColdstartError(f"criu dump of pid {pid} failed (log {log}): {_log_tail(log) or r.stderr.strip()[-300:]}")
+
+
+def restore_argv(criu: str, images: Path, work_dir: Path, pidfile: Path, mmap_pages: bool) -> list[str]:
+    argv = [criu, "restore", "-D", str(images), "-W", str(work_dir), "-o", str(work_dir / "restore.log"),
+            "-v4", *COMMON, "--restore-detached", "--pidfile", str(pidfile)]
+    if mmap_pages:
+        argv.append("--mmap-pages")
+    return argv

@@ -1,0 +1,240 @@
+"""``coldstart checkpoint MODEL``: start vLLM, record a canary, dump its weights, put it to sleep,
+CRIU-dump the whole server tree and publish the snapshot directory.
+
+Publication is "manifest.json last": the CRIU images record absolute paths of the files the server
+holds open (its log, run dir, caches), so the snapshot cannot be built in a staging directory and
+renamed afterwards (the restored process would look for the staging paths; vLLM's own snapshot has
+the same constraint). Instead the directory is private while building (an exclusive lock beside
+it), ``manifest.json`` is written atomically last, and any failure removes the whole directory. A
+directory without manifest.json is never restored, and the next checkpoint to the same path
+removes it (SIGKILL mid-checkpoint leaves nothing usable behind).
+"""
+from __future__ import annotations
+
+import fcntl
+import importlib.util
+import os
+import shutil
+import socket
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from coldstart.errors import ColdstartError
+from coldstart.pipeline import _criu, hostfacts
+from coldstart.pipeline.events import EventName, Timeline
+from coldstart.pipeline.manifest import (MANIFEST_NAME, Canary, Manifest, inventory, tree_digest,
+                                         write_manifest)
+
+DEFAULT_CANARY = "The capital of France is"
+SHM = Path("/dev/shm")
+
+
+@dataclass
+class CheckpointOptions:
+    model: Path
+    out: Path
+    port: int = 8000
+    engine_args: list[str] = field(default_factory=list)
+    canary_prompt: str = DEFAULT_CANARY
+    canary_tokens: int = 16
+    kv_cache_bytes: int = 256 << 20
+    criu_variant: str = "patched"
+    ready_timeout: float = 900.0
+    sleep: bool | None = None  # None: sleep level 2 when our CPU sleep worker is installed
+    served_model_name: str | None = None
+
+
+def sleep_worker_available() -> bool:
+    return importlib.util.find_spec("coldstart.engine.sleep_worker") is not None
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def link_remap_names() -> set[str]:
+    return {p.name for p in SHM.glob("link_remap.*")}
+
+
+def _fsync_tree(root: Path) -> None:
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and not p.is_symlink():
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    for d in [root, *(p for p in root.rglob("*") if p.is_dir())]:
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _prepare_out(out: Path):
+    """Claim ``out`` (exclusive lock beside it); remove a leftover of an interrupted checkpoint."""
+    if (out / MANIFEST_NAME).exists():
+        raise ColdstartError(f"{out} already holds a published snapshot (remove it or choose another --out)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    lock = open(out.parent / f".{out.name}.lock", "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise ColdstartError(f"another checkpoint is writing {out} right now") from None
+    if out.exists():
+        if out.is_dir() and not (out / MANIFEST_NAME).exists():
+            shutil.rmtree(out)  # an interrupted checkpoint's leftovers (no manifest: never published)
+        else:
+            lock.close()
+            raise ColdstartError(f"{out} exists and is not an unfinished snapshot directory")
+    out.mkdir(mode=0o755)
+    return lock
+
+
+def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: None) -> tuple[Manifest, Timeline]:
+    """Make a snapshot of ``opts.model`` in ``opts.out``; returns its manifest and timeline."""
+    from coldstart.engine.client import EngineClient
+    from coldstart.engine.launcher import EngineSpec, start_engine
+
+    model = Path(opts.model).resolve()
+    out = Path(opts.out).absolute()
+    if not (model / "config.json").is_file():
+        raise ColdstartError(f"model {model} not found (expected a Hugging Face model dir with config.json)")
+    criu = _criu.find(opts.criu_variant)  # fail before spending a minute on the engine
+    host = hostfacts.collect(criu)
+    if not port_free("127.0.0.1", opts.port):
+        raise ColdstartError(f"port {opts.port} on 127.0.0.1 is busy (choose another with --port)")
+    sleep = sleep_worker_available() if opts.sleep is None else opts.sleep
+    if sleep and not sleep_worker_available():
+        raise ColdstartError("sleep requested but coldstart.engine.sleep_worker is not installed")
+
+    tl = Timeline.from_container_start("checkpoint", model=model.name)
+    lock = _prepare_out(out)
+    eng = None
+    remaps_before = link_remap_names()
+    shm_taken: list[Path] = []
+    published = False
+    try:
+        spec = EngineSpec(model=model, run_dir=out / "run", port=opts.port, kv_cache_bytes=opts.kv_cache_bytes,
+                          sleep_mode=sleep, extra_args=list(opts.engine_args),
+                          served_model_name=opts.served_model_name)
+        say(f"starting vLLM on {spec.base_url} (run dir {spec.run_dir})")
+        eng = start_engine(spec, new_pidns=True)
+        eng.wait_ready(opts.ready_timeout)
+        tl.mark(EventName.ENGINE_UP)
+        client = EngineClient(spec.base_url, timeout=300)
+        first = client.complete(opts.canary_prompt, max_tokens=opts.canary_tokens, seed=0)
+        again = client.complete(opts.canary_prompt, max_tokens=opts.canary_tokens, seed=0)
+        if first.token_ids != again.token_ids:
+            raise ColdstartError("the canary is not deterministic on this engine (two greedy runs differ); "
+                                 "a restored server could not be checked")
+        canary = Canary(prompt=opts.canary_prompt, token_ids=list(first.token_ids), text=first.text,
+                        max_tokens=opts.canary_tokens, seed=0)
+        tl.mark(EventName.CANARY_RECORDED, tokens=len(canary.token_ids))
+        say(f"canary: {canary.text!r}")
+
+        weights: dict = {}
+        if sleep:
+            wdir = out / "weights"
+            wdir.mkdir()
+            res = client.collective_rpc("coldstart_dump_weights", kwargs={"out_dir": str(wdir)})
+            weights = _weights_entry(out, wdir, res)
+            tl.mark(EventName.WEIGHTS_DUMPED, bytes=weights["bytes"])
+            say(f"weights dumped: {weights['flat']} ({weights['bytes'] / 2**20:.1f} MiB)")
+            # Rehearsal (as vLLM's snapshot does): the exact wake + reload the restore will run must
+            # give the canary back before the snapshot is published.
+            client.sleep(level=2)
+            client.wake_up(["weights"])
+            client.collective_rpc("coldstart_reload", kwargs={"path": str(out / weights["flat"])})
+            client.wake_up(["kv_cache"])
+            rehearsal = client.complete(opts.canary_prompt, max_tokens=opts.canary_tokens, seed=0)
+            if rehearsal.token_ids != canary.token_ids:
+                raise ColdstartError("rehearsal failed: after sleep + reload from the flat weights file the "
+                                     "canary differs (the dump or the reload is wrong)")
+            client.sleep(level=2)
+            if not client.is_sleeping():
+                raise ColdstartError("the engine did not go to sleep (level 2)")
+            tl.mark(EventName.ASLEEP, level=2)
+        client._s.close()  # no established connection to us may end up in the image
+        time.sleep(0.3)
+
+        shm_files = sorted(eng.shm_paths())
+        pids = eng.pids()
+        say(f"criu dump of {len(pids)} processes")
+        _criu.dump(criu, eng.root_pid, out / "criu", out / "run")
+        if eng.popen is not None:
+            eng.popen.wait(timeout=30)
+        tl.mark(EventName.CRIU_DUMPED)
+
+        # What the restore must put back: vLLM's /dev/shm buffers (mapped, not in the image) and
+        # CRIU's link_remap files (stand-ins for deleted files such as sem.*).
+        (out / "shm").mkdir()
+        for p in shm_files:
+            if p.exists():
+                shutil.copy2(p, out / "shm" / p.name)
+                shm_taken.append(p)
+        remaps = sorted(link_remap_names() - remaps_before)
+        if remaps:
+            (out / "link-remaps").mkdir()
+            for name in remaps:
+                shutil.copy2(SHM / name, out / "link-remaps" / name)
+                shm_taken.append(SHM / name)
+        for p in shm_taken:
+            p.unlink(missing_ok=True)
+        log_sizes = {str(spec.log_path): spec.log_path.stat().st_size}
+
+        files = inventory(out, digests=True)
+        m = Manifest(
+            model=str(model), model_digest=tree_digest(model),
+            served_model_name=opts.served_model_name or str(model),
+            engine_args=list(opts.engine_args), host=host.to_dict(), canary=canary, files=files,
+            port=opts.port, host_addr=spec.host, run_dir=str(spec.run_dir), criu_variant=opts.criu_variant,
+            pids=pids, weights=weights, shm_files=[p.name for p in shm_files], log_sizes=log_sizes,
+            created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        )
+        m.timings = {e.name: e.t for e in tl.events}
+        m.timings["kv_cache_bytes"] = opts.kv_cache_bytes
+        _fsync_tree(out)
+        tl.mark(EventName.PUBLISHED, bytes=sum(f.size for f in files.values()))
+        m.timings = {e.name: e.t for e in tl.events}
+        write_manifest(out, m)
+        published = True
+        say(f"published {out}")
+        return m, tl
+    finally:
+        if not published:
+            if eng is not None and eng.alive():
+                eng.stop(timeout=10)
+            for name in link_remap_names() - remaps_before:
+                (SHM / name).unlink(missing_ok=True)
+            for p in shm_taken:
+                p.unlink(missing_ok=True)
+            shutil.rmtree(out, ignore_errors=True)
+        lock.close()
+        try:
+            (out.parent / f".{out.name}.lock").unlink()
+        except OSError:
+            pass
+
+
+def _weights_entry(out: Path, wdir: Path, rpc_result) -> dict:
+    """Locate the flat file the worker wrote (one per worker; TP > 1 is not supported yet)."""
+    flats = sorted(wdir.rglob("*.flat"))
+    if len(flats) != 1:
+        raise ColdstartError(f"expected one flat weights file in {wdir} after coldstart_dump_weights, "
+                             f"found {len(flats)} (worker answered {str(rpc_result)[:200]})")
+    flat = flats[0]
+    index = [p for p in wdir.rglob("*.json")]
+    return {"flat": str(flat.relative_to(out)), "index": [str(p.relative_to(out)) for p in index],
+            "bytes": flat.stat().st_size}

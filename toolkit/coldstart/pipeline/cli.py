@@ -1,0 +1,94 @@
+"""CLI of the pipeline stage: ``coldstart checkpoint``, ``coldstart restore``, ``coldstart inspect``,
+``coldstart bench restore`` and ``coldstart bench reload``. Thin: the logic lives in the modules."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def checkpoint_cmd(
+    ctx: typer.Context,
+    model: Path = typer.Argument(..., help="Local Hugging Face model directory."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Snapshot directory (default: ./snapshots/<model>)."),
+    port: int = typer.Option(8000, help="Port the server listens on (the restored server keeps it)."),
+    criu_variant: str = typer.Option("patched", help="patched (mmap restore) or stock criu."),
+    kv_cache_bytes: int = typer.Option(256 << 20, help="vLLM --kv-cache-memory-bytes."),
+    canary: str = typer.Option("The capital of France is", help="Canary prompt (greedy, seed 0)."),
+    no_sleep: bool = typer.Option(False, "--no-sleep", help="Dump the server awake (weights inside the image)."),
+    timeline_out: Optional[Path] = typer.Option(None, help="Append the timing events (jsonl) here."),
+) -> None:
+    """Snapshot a warmed-up vLLM server of MODEL; extra args after `--` go to vLLM."""
+    from rich.console import Console
+
+    from coldstart.pipeline.checkpoint import CheckpointOptions, checkpoint
+
+    out = out or Path("snapshots") / Path(model).name
+    opts = CheckpointOptions(model=model, out=out, port=port, engine_args=list(ctx.args), canary_prompt=canary,
+                             kv_cache_bytes=kv_cache_bytes, criu_variant=criu_variant,
+                             sleep=False if no_sleep else None)
+    m, tl = checkpoint(opts, say=_say)
+    Console(stderr=True).print(tl.table())
+    if timeline_out:
+        tl.write_jsonl(timeline_out)
+    print(str(Path(out).absolute()))
+
+
+def restore_cmd(
+    snapshot: Path = typer.Argument(Path("/snapshot"), help="Snapshot directory (made by `coldstart checkpoint`)."),
+    serve: bool = typer.Option(True, "--serve/--no-serve", help="--no-serve: return once READY, leave the server running."),
+    verify: bool = typer.Option(False, "--verify", help="Also check every file's digest (reads everything)."),
+    no_warm: bool = typer.Option(False, "--no-warm", help="Do not warm the page cache in the background."),
+    no_fallback: bool = typer.Option(False, "--no-fallback", help="Fail instead of cold-booting."),
+    model: Optional[str] = typer.Option(None, help="Model to cold-boot if the manifest is unreadable."),
+    timeout: float = typer.Option(300.0, help="Seconds to wait for the restored server."),
+    timeline_out: Optional[Path] = typer.Option(None, help="Append the timing events (jsonl) here."),
+) -> None:
+    """Restore a snapshot and serve (the container entrypoint); any failure → cold boot, reason printed."""
+    from rich.console import Console
+
+    from coldstart.pipeline.restore import RestoreOptions, restore, serve as serve_fn
+
+    res = restore(RestoreOptions(snapshot=snapshot, verify=verify, warm=not no_warm, fallback=not no_fallback,
+                                 model=model, timeout=timeout), say=_say)
+    Console(stderr=True).print(res.timeline.table())
+    if timeline_out:
+        res.timeline.write_jsonl(timeline_out)
+    status = "restored" if res.restored else f"cold boot (fallback: {res.fallback_reason})"
+    print(json.dumps({"url": res.base_url, "pid": res.engine.root_pid, "restored": res.restored,
+                      "fallback_reason": res.fallback_reason, "canary_ok": res.canary_ok}), flush=True)
+    _say(f"ready: {res.base_url} ({status})")
+    if serve:
+        raise typer.Exit(serve_fn(res))
+
+
+def inspect_cmd(snapshot: Path = typer.Argument(...), verify: bool = typer.Option(False, "--verify")) -> None:
+    """Print a snapshot's manifest summary and whether it fits this host."""
+    from coldstart.pipeline.manifest import read_manifest, validate_against_host
+
+    m = read_manifest(snapshot)
+    problems = validate_against_host(m, snapshot, verify=verify)
+    print(json.dumps({"model": m.model, "created_at": m.created_at, "vllm": m.host.get("vllm"),
+                      "bytes": sum(f.size for f in m.files.values()), "canary": m.canary.text,
+                      "fits_this_host": not problems, "problems": problems}, indent=1))
+    if problems:
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer, bench: typer.Typer) -> None:
+    extra = {"allow_extra_args": True, "ignore_unknown_options": True}
+    app.command("checkpoint", context_settings=extra)(checkpoint_cmd)
+    app.command("restore")(restore_cmd)
+    app.command("inspect")(inspect_cmd)
+    try:
+        from coldstart.pipeline import bench as _bench  # noqa: F401
+    except ImportError:
+        return
+    _bench.register(bench)

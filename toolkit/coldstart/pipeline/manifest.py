@@ -1,0 +1,182 @@
+"""manifest.json: what a snapshot is, what made it, and what it needs from the host that restores it.
+
+Written last at checkpoint (its atomic appearance publishes the snapshot), read first at restore.
+``validate_against_host`` names every mismatch instead of stopping at the first, so a fallback
+message says everything that is wrong at once. File sizes are always checked (free); full digests
+only with ``verify=True`` (hashing GBs costs seconds the restore is meant to save).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from coldstart.errors import ColdstartError
+
+SCHEMA_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+KIND = "coldstart-snapshot"
+_CHUNK = 8 << 20
+
+
+@dataclass
+class Canary:
+    prompt: str
+    token_ids: list[int]
+    text: str = ""
+    max_tokens: int = 16
+    seed: int = 0
+
+
+@dataclass
+class FileEntry:
+    size: int
+    xxh3: str = ""  # xxh3_128 hex of the whole file
+
+
+@dataclass
+class Manifest:
+    model: str  # what the user passed (a local dir here; HF ids work the same offline)
+    model_digest: str  # xxh3_128 over the model dir's (relative path, size, bytes), sorted
+    served_model_name: str
+    engine_args: list[str]  # the extra vLLM args the user gave (fallback cold boot reuses them)
+    host: dict[str, Any]  # hostfacts.HostFacts of the checkpointing host
+    canary: Canary
+    files: dict[str, FileEntry]  # every file of the snapshot except manifest.json, by relative path
+    port: int = 8000
+    host_addr: str = "127.0.0.1"
+    run_dir: str = ""  # the engine's run dir: the restored process reopens files here, same path
+    criu_variant: str = "patched"
+    pids: list[int] = field(default_factory=list)  # the dumped tree, root first
+    weights: dict[str, Any] = field(default_factory=dict)  # {"flat": rel, "index": rel, "bytes": n}
+    shm_files: list[str] = field(default_factory=list)  # /dev/shm names saved under shm/
+    log_sizes: dict[str, int] = field(default_factory=dict)  # absolute path -> size at dump
+    timings: dict[str, float] = field(default_factory=dict)
+    created_at: str = ""
+    schema_version: int = SCHEMA_VERSION
+    kind: str = KIND
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Manifest":
+        if not isinstance(d, dict) or d.get("kind") != KIND:
+            raise ColdstartError("manifest.json is not a coldstart snapshot manifest")
+        if d.get("schema_version") != SCHEMA_VERSION:
+            raise ColdstartError(f"manifest schema version {d.get('schema_version')!r} is not supported "
+                                 f"(this coldstart reads version {SCHEMA_VERSION})")
+        known = {f.name for f in fields(cls)}
+        try:
+            kw = {k: v for k, v in d.items() if k in known}
+            kw["canary"] = Canary(**kw["canary"])
+            kw["files"] = {k: FileEntry(**v) for k, v in kw["files"].items()}
+            return cls(**kw)
+        except (KeyError, TypeError) as e:
+            raise ColdstartError(f"manifest.json is incomplete or malformed ({e})") from e
+
+
+def xxh3_file(path: Path) -> str:
+    import xxhash
+
+    h = xxhash.xxh3_128()
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(_CHUNK)
+        view = memoryview(buf)
+        while n := f.readinto(buf):
+            h.update(view[:n])
+    return h.hexdigest()
+
+
+def tree_digest(root: Path) -> str:
+    """xxh3_128 over every file under ``root`` (relative path, size, content), sorted by path."""
+    import xxhash
+
+    h = xxhash.xxh3_128()
+    for p in sorted(q for q in Path(root).rglob("*") if q.is_file()):
+        rel = str(p.relative_to(root))
+        h.update(f"{rel}\0{p.stat().st_size}\0".encode())
+        h.update(bytes.fromhex(xxh3_file(p)))
+    return h.hexdigest()
+
+
+def inventory(snapshot_dir: Path, digests: bool = True) -> dict[str, FileEntry]:
+    """Size (and xxh3) of every regular file in the snapshot, manifest.json and run/ excluded
+    (run/ is the engine's live working directory: logs and caches, checked by ``log_sizes``)."""
+    out: dict[str, FileEntry] = {}
+    for p in sorted(Path(snapshot_dir).rglob("*")):
+        if not p.is_file() or p.is_symlink():
+            continue
+        rel = str(p.relative_to(snapshot_dir))
+        if rel == MANIFEST_NAME or rel.startswith("run/") or rel.endswith(".tmp"):
+            continue
+        out[rel] = FileEntry(size=p.stat().st_size, xxh3=xxh3_file(p) if digests else "")
+    return out
+
+
+def write_manifest(snapshot_dir: Path, m: Manifest) -> Path:
+    """Atomically write manifest.json (tmp + fsync + rename + dir fsync): its presence publishes."""
+    path = Path(snapshot_dir) / MANIFEST_NAME
+    tmp = path.with_name(MANIFEST_NAME + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(m.to_dict(), f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(snapshot_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return path
+
+
+def read_manifest(snapshot_dir: Path) -> Manifest:
+    path = Path(snapshot_dir) / MANIFEST_NAME
+    if not Path(snapshot_dir).is_dir():
+        raise ColdstartError(f"snapshot directory {snapshot_dir} does not exist")
+    if not path.is_file():
+        raise ColdstartError(f"{path} is missing: {snapshot_dir} is not a published snapshot "
+                             "(an interrupted checkpoint leaves no manifest)")
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ColdstartError(f"{path} is not valid JSON ({e})") from e
+    return Manifest.from_dict(d)
+
+
+def validate_against_host(m: Manifest, snapshot_dir: Path, host=None, verify: bool = False) -> list[str]:
+    """Every reason this snapshot cannot be restored on this host, each naming what differs.
+
+    ``host`` is a ``hostfacts.HostFacts`` (collected here when None). File sizes always; xxh3
+    digests of every file when ``verify``.
+    """
+    from coldstart.pipeline import hostfacts
+
+    snapshot_dir = Path(snapshot_dir)
+    if host is None:
+        host = hostfacts.collect()
+    problems = hostfacts.compare(m.host, host)
+    for rel, fe in sorted(m.files.items()):
+        p = snapshot_dir / rel
+        try:
+            size = p.stat().st_size
+        except FileNotFoundError:
+            problems.append(f"file {rel}: missing")
+            continue
+        if size != fe.size:
+            problems.append(f"file {rel}: size {size}, manifest says {fe.size} (truncated or replaced)")
+            continue
+        if verify and fe.xxh3 and xxh3_file(p) != fe.xxh3:
+            problems.append(f"file {rel}: content digest differs from the manifest (corrupt)")
+    for logp, size in sorted(m.log_sizes.items()):
+        p = Path(logp)
+        if not p.exists():
+            problems.append(f"log {logp}: missing (the restored server reopens it)")
+        elif p.stat().st_size < size:
+            problems.append(f"log {logp}: shorter ({p.stat().st_size}) than at dump ({size})")
+    if m.run_dir and not Path(m.run_dir).is_dir():
+        problems.append(f"run dir {m.run_dir}: missing (the restored server reopens files there)")
+    return problems

@@ -1,0 +1,268 @@
+"""``coldstart restore [DIR]``: the container entrypoint. Restore the snapshot, prove it with the
+canary, serve; on any failure before serving, say why on one line and cold-boot the same model.
+
+Order (DESIGN.md): validate the manifest against this host → start page-cache warming → put back the
+host state the image refers to (log sizes, /dev/shm buffers, CRIU link_remap files) → CRIU restore
+(patched criu maps pages-*.img instead of copying) → wait for /health → wake weights → reload them
+in place through our loader → wake the KV cache → the canary must give the recorded tokens → serve.
+
+We become a child subreaper before the restore, so the restored tree (``--restore-detached``) is
+re-parented to us: the entrypoint stays the server's parent, forwards SIGTERM/SIGINT and exits with it.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from coldstart.errors import ColdstartError
+from coldstart.pipeline import _criu, hostfacts
+from coldstart.pipeline.events import EventName, Timeline
+from coldstart.pipeline.manifest import Manifest, read_manifest, validate_against_host
+
+SHM = Path("/dev/shm")
+PR_SET_CHILD_SUBREAPER = 36
+
+
+class RestoreFailed(ColdstartError):
+    """A failure before serving: the caller falls back to a cold boot and prints this reason."""
+
+
+@dataclass
+class RestoreOptions:
+    snapshot: Path
+    verify: bool = False  # check every file's xxh3 digest too (costs a full read)
+    timeout: float = 300.0  # for the restored server's /health and each dev-mode call
+    warm: bool = True
+    fallback: bool = True
+    model: str | None = None  # cold-boot this if the manifest cannot even be read
+    port: int | None = None  # cold-boot port override (the restored server keeps its dumped port)
+    cold_timeout: float = 900.0
+
+
+@dataclass
+class RestoreResult:
+    engine: object  # coldstart.engine.launcher.EngineProcess
+    base_url: str
+    timeline: Timeline
+    restored: bool  # False: a cold boot serves (see fallback_reason)
+    fallback_reason: str | None = None
+    canary_ok: bool = False
+    manifest: Manifest | None = None
+    text: str = ""
+
+
+def set_subreaper() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+
+
+def restore(opts: RestoreOptions, say: Callable[[str], None] = print) -> RestoreResult:
+    """Restore (or, failing that, cold-boot) and return once the server answers correctly."""
+    snap = Path(opts.snapshot).absolute()
+    tl = Timeline.from_container_start("restore", snapshot=snap.name)
+    m: Manifest | None = None
+    try:
+        m = read_manifest(snap)
+        tl.labels["model"] = Path(m.model).name
+        return _restore(snap, m, opts, tl, say)
+    except (ColdstartError, OSError, subprocess.SubprocessError, TimeoutError) as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if not opts.fallback:
+            raise RestoreFailed(reason) from e
+        return fall_back(reason, m, opts, tl, say)
+
+
+def fall_back(reason: str, m: Manifest | None, opts: RestoreOptions, tl: Timeline,
+              say: Callable[[str], None]) -> RestoreResult:
+    """Cold-boot the snapshot's model with the snapshot's engine args (FALLBACK event with the reason)."""
+    from coldstart.pipeline.cold import cold_start
+
+    say(f"fallback: {reason}")
+    tl.mark(EventName.FALLBACK, reason=reason)
+    tl.labels["outcome"] = "fallback"
+    model = opts.model or (m.model if m else None)
+    if not model:
+        raise ColdstartError(f"restore failed ({reason}) and there is no model to cold-boot "
+                             "(pass --model)")
+    port = opts.port or (m.port if m else 8000)
+    eng, comp = cold_start(model, port=port, engine_args=m.engine_args if m else [], timeline=tl,
+                           timeout=opts.cold_timeout, served_model_name=m.served_model_name if m else None,
+                           kv_cache_bytes=int(m.timings.get("kv_cache_bytes", 256 << 20)) if m else 256 << 20,
+                           canary_prompt=m.canary.prompt if m else None,
+                           canary_tokens=m.canary.max_tokens if m else 16)
+    ok = bool(m and comp and comp.token_ids == m.canary.token_ids)
+    return RestoreResult(engine=eng, base_url=eng.base_url, timeline=tl, restored=False,
+                         fallback_reason=reason, canary_ok=ok, manifest=m, text=comp.text if comp else "")
+
+
+def _prepare_host_state(snap: Path, m: Manifest) -> None:
+    """Put back what the image refers to by path but does not contain."""
+    for logp, size in m.log_sizes.items():
+        p = Path(logp)
+        if p.exists() and p.stat().st_size > size:
+            os.truncate(p, size)  # CRIU checks the size of files the process had open
+    for name in m.shm_files:
+        src = snap / "shm" / name
+        if src.exists():
+            shutil.copyfile(src, SHM / name)
+    remaps = snap / "link-remaps"
+    if remaps.is_dir():
+        for src in remaps.iterdir():
+            shutil.copyfile(src, SHM / src.name)
+
+
+def _start_warming(snap: Path, m: Manifest):
+    """Background page-cache warming of the pages images, then the weights file (warm stage)."""
+    try:
+        from coldstart.warm import start_warming  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    paths = sorted((snap / "criu").glob("pages-*.img"))
+    if m.weights.get("flat"):
+        paths.append(snap / m.weights["flat"])
+    try:
+        return start_warming(paths)
+    except Exception:  # warming is an optimisation: never a reason to fail the restore
+        return None
+
+
+def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) -> RestoreResult:
+    from coldstart.engine.client import EngineClient
+    from coldstart.engine.launcher import EngineProcess, EngineSpec
+
+    problems: list[str] = []
+    try:
+        criu = _criu.find(m.criu_variant)
+    except ColdstartError as e:
+        criu = None
+        problems.append(f"criu: {e}")
+    host = hostfacts.collect(criu)
+    problems += [p for p in validate_against_host(m, snap, host=host, verify=opts.verify)
+                 if not (criu is None and p.startswith("criu:"))]
+    if problems:
+        raise RestoreFailed("snapshot does not fit this host: " + "; ".join(problems))
+    tl.mark(EventName.MANIFEST_OK)
+
+    warmer = _start_warming(snap, m) if opts.warm else None
+    if warmer is not None:
+        tl.mark(EventName.WARM_START)
+
+    if not _port_free(m.host_addr, m.port):
+        raise RestoreFailed(f"port {m.port} is busy on {m.host_addr} (another server from this snapshot?)")
+    _prepare_host_state(snap, m)
+    set_subreaper()
+    work = Path(tempfile.mkdtemp(prefix="coldstart-restore-"))
+    pidfile = work / "restore.pid"
+    mmap = _criu.supports_mmap_pages(criu)
+    argv = _criu.restore_argv(criu, snap / "criu", work, pidfile, mmap_pages=mmap)
+    tl.mark(EventName.RESTORE_ISSUED, mmap_pages=mmap)
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=opts.timeout, cwd=m.run_dir or None)
+    if r.returncode != 0 or not pidfile.exists():
+        raise RestoreFailed(f"criu restore failed (log {work / 'restore.log'}): "
+                            f"{_criu._log_tail(work / 'restore.log') or r.stderr.strip()[-300:]}")
+    root_pid = int(pidfile.read_text().strip())
+    tl.mark(EventName.RESTORE_DONE, pid=root_pid)
+
+    spec = EngineSpec(model=Path(m.model), run_dir=Path(m.run_dir), port=m.port, host=m.host_addr,
+                      sleep_mode=bool(m.weights), extra_args=list(m.engine_args),
+                      served_model_name=m.served_model_name)
+    eng = EngineProcess.attach(spec, root_pid, new_pidns=True)
+    try:
+        client = EngineClient(spec.base_url, timeout=opts.timeout)
+        deadline = time.monotonic() + opts.timeout
+        while not client.health():
+            if not eng.alive():
+                raise RestoreFailed(f"the restored server exited (pid {root_pid}; log {spec.log_path})")
+            if time.monotonic() > deadline:
+                raise RestoreFailed(f"the restored server did not answer /health within {opts.timeout:.0f} s")
+            time.sleep(0.02)
+        tl.mark(EventName.SERVER_UP)
+        if m.weights:
+            client.wake_up(["weights"])
+            tl.mark(EventName.WAKE_WEIGHTS)
+            t = time.monotonic()
+            flat = snap / m.weights["flat"]
+            client.collective_rpc("coldstart_reload", kwargs={"path": str(flat)})
+            dt = time.monotonic() - t
+            nbytes = int(m.weights.get("bytes", 0))
+            tl.mark(EventName.WEIGHTS_LOADED, bytes=nbytes, gib_s=round(nbytes / 2**30 / dt, 3) if dt else 0)
+            client.wake_up(["kv_cache"])
+            tl.mark(EventName.WAKE_KV)
+        comp = client.complete(m.canary.prompt, max_tokens=m.canary.max_tokens, seed=m.canary.seed)
+        if comp.token_ids != m.canary.token_ids:
+            raise RestoreFailed(f"canary mismatch: the restored server answered {comp.text!r}, "
+                                f"the snapshot recorded {m.canary.text!r}")
+        tl.mark(EventName.CANARY_OK)
+        tl.mark(EventName.FIRST_TOKEN)
+        if warmer is not None:
+            _finish_warm(warmer, tl)
+        tl.mark(EventName.READY, url=spec.base_url, pid=root_pid)
+        tl.labels["outcome"] = "restored"
+        shutil.rmtree(work, ignore_errors=True)
+        return RestoreResult(engine=eng, base_url=spec.base_url, timeline=tl, restored=True, canary_ok=True,
+                             manifest=m, text=comp.text)
+    except BaseException:
+        eng.stop(timeout=5)
+        _reap(root_pid)
+        if warmer is not None:
+            try:
+                warmer.cancel()
+            except Exception:
+                pass
+        raise
+
+
+def _finish_warm(warmer, tl: Timeline) -> None:
+    try:
+        if getattr(warmer, "done", False):
+            st = warmer.wait(0)
+            tl.mark(EventName.WARM_DONE, bytes=getattr(st, "bytes", 0))
+    except Exception:
+        pass
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def _port_free(host: str, port: int) -> bool:
+    from coldstart.pipeline.checkpoint import port_free
+
+    return port_free(host, port)
+
+
+def serve(res: RestoreResult) -> int:
+    """Stay the server's parent: forward SIGTERM/SIGINT/SIGHUP to it, return its exit status."""
+    eng = res.engine
+    pid = eng.popen.pid if getattr(eng, "popen", None) is not None else eng.root_pid
+
+    def forward(signum, _frame):
+        try:
+            os.kill(eng.root_pid, signum)
+        except ProcessLookupError:
+            pass
+
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(s, forward)
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            return os.waitstatus_to_exitcode(status)
+        except ChildProcessError:  # not our child (should not happen with the subreaper): poll
+            while eng.alive():
+                time.sleep(0.5)
+            return 0
+        except InterruptedError:
+            continue
