@@ -1,0 +1,114 @@
+"""Facts about a CRIU image directory, read without CRIU (no `crit` needed).
+
+CRIU images are ``magic(s)`` followed by ``u32 length + protobuf message`` entries. pstree.img
+holds one ``PstreeEntry`` per process (field 1 = pid, field 2 = ppid), so counting entries and
+reading two varints is enough; pages-*.img is raw page data whose size is what a restore reads
+(stock) or maps (mmap restore).
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from coldstart.errors import ColdstartError
+
+IMG_COMMON_MAGIC = 0x54564319
+IMG_SERVICE_MAGIC = 0x55105940
+
+
+@dataclass(frozen=True)
+class ImageFacts:
+    images_dir: Path
+    pages_bytes: int  # total size of pages-*.img
+    pages_files: int
+    total_bytes: int  # every file in the directory
+    n_processes: int
+    pids: list[int] = field(default_factory=list)
+    root_pid: int | None = None
+
+    @property
+    def pages_gib(self) -> float:
+        return self.pages_bytes / 2**30
+
+
+def _varint(buf: bytes, i: int) -> tuple[int, int]:
+    v = shift = 0
+    while True:
+        if i >= len(buf):
+            raise ValueError("truncated varint")
+        b = buf[i]
+        i += 1
+        v |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return v, i
+        shift += 7
+
+
+def _pid_ppid(msg: bytes) -> tuple[int | None, int | None]:
+    """Fields 1 (pid) and 2 (ppid) of a PstreeEntry; other fields are skipped by wire type."""
+    out: dict[int, int] = {}
+    i = 0
+    while i < len(msg):
+        key, i = _varint(msg, i)
+        num, wt = key >> 3, key & 7
+        if wt == 0:
+            v, i = _varint(msg, i)
+            if num in (1, 2):
+                out[num] = v
+        elif wt == 2:
+            n, i = _varint(msg, i)
+            i += n
+        elif wt == 5:
+            i += 4
+        elif wt == 1:
+            i += 8
+        else:
+            raise ValueError(f"unexpected wire type {wt}")
+    return out.get(1), out.get(2)
+
+
+def read_pstree(path: Path) -> list[tuple[int, int]]:
+    """(pid, ppid) of every process in pstree.img, root first."""
+    data = path.read_bytes()
+    if len(data) < 8:
+        raise ColdstartError(f"{path}: too short to be a CRIU image ({len(data)} bytes)")
+    (m0,) = struct.unpack_from("<I", data, 0)
+    i = 8 if m0 in (IMG_COMMON_MAGIC, IMG_SERVICE_MAGIC) else 4
+    out: list[tuple[int, int]] = []
+    while i < len(data):
+        if i + 4 > len(data):
+            raise ColdstartError(f"{path}: truncated entry header at byte {i}")
+        (n,) = struct.unpack_from("<I", data, i)
+        i += 4
+        if i + n > len(data):
+            raise ColdstartError(f"{path}: truncated entry at byte {i} (wants {n} bytes)")
+        try:
+            pid, ppid = _pid_ppid(data[i : i + n])
+        except ValueError as e:
+            raise ColdstartError(f"{path}: corrupt entry at byte {i}: {e}") from None
+        if pid is None:
+            raise ColdstartError(f"{path}: entry at byte {i} has no pid")
+        out.append((pid, ppid or 0))
+        i += n
+    return out
+
+
+def image_facts(images_dir: str | Path) -> ImageFacts:
+    """Size of the page data and the process tree of a dump; raises if it is not a CRIU dump."""
+    d = Path(images_dir)
+    if not d.is_dir():
+        raise ColdstartError(f"{d}: no such image directory")
+    if not (d / "inventory.img").exists() or not (d / "pstree.img").exists():
+        raise ColdstartError(f"{d}: not a CRIU image directory (no inventory.img / pstree.img)")
+    pages = sorted(d.glob("pages-*.img"))
+    tree = read_pstree(d / "pstree.img")
+    return ImageFacts(
+        images_dir=d,
+        pages_bytes=sum(p.stat().st_size for p in pages),
+        pages_files=len(pages),
+        total_bytes=sum(p.stat().st_size for p in d.iterdir() if p.is_file()),
+        n_processes=len(tree),
+        pids=[p for p, _ in tree],
+        root_pid=tree[0][0] if tree else None,
+    )
