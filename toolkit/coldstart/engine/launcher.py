@@ -320,22 +320,39 @@ def start_engine(spec: EngineSpec, new_pidns: bool = True, log_mode: str = "w") 
     return EngineProcess(spec, popen, root_pid, new_pidns, log)
 
 
+def host_pid(ns_pid: int, pids: list[int]) -> int | None:
+    """The host PID among ``pids`` whose innermost namespace PID is ``ns_pid`` (from NSpid)."""
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("NSpid:"):
+                        if int(line.split()[-1]) == ns_pid:
+                            return pid
+                        break
+        except OSError:
+            continue
+    return None
+
+
 def find_worker_pid(pids: list[int] | EngineProcess) -> int:
-    """The host PID of the process holding the model (vLLM's Worker, else its EngineCore)."""
+    """The host PID of the process holding the model: vLLM's ``VLLM::Worker*`` (multiproc
+    executor), else its ``VLLM::EngineCore*`` (in-process executor). Matched on the process title
+    vLLM sets, not on arguments (the API server's own command line names our worker class)."""
     import psutil
 
     if isinstance(pids, EngineProcess):
         pids = pids.pids()
-    by_title: dict[str, int] = {}
+    found: dict[str, int] = {}
     for pid in pids:
         try:
             title = " ".join(psutil.Process(pid).cmdline())
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
         for key in ("Worker", "EngineCore"):
-            if key in title and key not in by_title:
-                by_title[key] = pid
+            if key not in found and (title.startswith(f"VLLM::{key}") or title.startswith(f"VLLM_{key}")):
+                found[key] = pid
     for key in ("Worker", "EngineCore"):
-        if key in by_title:
-            return by_title[key]
-    raise ColdstartError(f"no vLLM worker process among {pids}")
+        if key in found:
+            return found[key]
+    raise ColdstartError(f"no vLLM worker process among PIDs {pids}")
