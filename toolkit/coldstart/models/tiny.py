@@ -177,8 +177,10 @@ def make_tiny(out_dir: Path, size: str = "tiny", seed: int = 0, *, overwrite: bo
     spec = SIZES[size]
     out_dir = Path(out_dir)
     if out_dir.exists() and not overwrite:
+        if _same_model(out_dir, size, seed):
+            return out_dir  # already made (same size and seed give the same bytes)
         if (out_dir / "config.json").exists():
-            raise ColdstartError(f"{out_dir} already exists (pass overwrite to replace it)")
+            raise ColdstartError(f"{out_dir} already exists and is another model (use --overwrite to replace it)")
         if any(out_dir.iterdir()):
             raise ColdstartError(f"{out_dir} exists and is not empty")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -217,6 +219,14 @@ def make_tiny(out_dir: Path, size: str = "tiny", seed: int = 0, *, overwrite: bo
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return out_dir
+
+
+def _same_model(out_dir: Path, size: str, seed: int) -> bool:
+    try:
+        meta = json.loads((out_dir / "coldstart-model.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return meta.get("size") == size and meta.get("seed") == seed and (out_dir / "model.safetensors").exists()
 
 
 def _fsync_dir(d: Path) -> None:

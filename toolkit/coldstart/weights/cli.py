@@ -1,0 +1,120 @@
+"""`coldstart weights dump|load|verify` (and `coldstart bench load` when weights/bench.py exists)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from coldstart.errors import ColdstartError
+
+
+def _progress_bar(description: str):
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+    return Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(binary_units=True),
+                    TransferSpeedColumn(), TimeRemainingColumn(), transient=True)
+
+
+def dump_command(
+    src: Path = typer.Argument(..., help="a directory of *.safetensors files (a Hugging Face model dir)"),
+    out: Path = typer.Argument(..., help="output directory (weights.flat + weights.index.json)"),
+    alignment: int = typer.Option(4096, "--alignment", help="tensor offset alignment in bytes (power of two)"),
+    chunk_mb: int = typer.Option(16, "--chunk-mb", help="digest chunk size in MiB"),
+    digest: str = typer.Option("xxh3_64", "--digest", help="xxh3_64 or blake3"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing dump at OUT"),
+) -> None:
+    """Dump a safetensors model to the flat format (atomic: OUT appears only when complete)."""
+    from coldstart.weights.dump import dump_safetensors
+
+    with _progress_bar("dump") as prog:
+        task = prog.add_task(f"dumping {src.name}", total=None)
+
+        def cb(done: int, total: int) -> None:
+            prog.update(task, completed=done, total=total or None)
+
+        index = dump_safetensors(src, out, alignment=alignment, chunk_bytes=chunk_mb << 20, digest_algo=digest,
+                                 overwrite=overwrite, progress=cb)
+    typer.echo(f"dumped {len(index.tensors)} tensors, {index.total_bytes / 2**30:.3f} GiB -> {out}")
+
+
+def load_command(
+    flat: Path = typer.Argument(..., help="a dump directory or its weights.flat"),
+    threads: int = typer.Option(8, "--threads", help="reader threads"),
+    chunk_mb: int = typer.Option(64, "--chunk-mb", help="largest read in MiB"),
+    buffers: int = typer.Option(4, "--buffers", help="host buffers (staged mode)"),
+    verify: bool = typer.Option(False, "--verify", help="check every chunk digest while loading"),
+    direct: bool = typer.Option(False, "--direct", help="O_DIRECT reads (bypass the page cache)"),
+    mode: str = typer.Option("auto", "--mode", help="auto | direct (preadv into the tensors) | staged (via host buffers)"),
+    device: str = typer.Option("cpu", "--device", help="where to allocate the destination tensors (cpu, cuda)"),
+    json_out: bool = typer.Option(False, "--json", help="print the stats as JSON instead of a table"),
+) -> None:
+    """Allocate tensors like the dump's, load it into them, print the throughput."""
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from coldstart.weights.format import read_index
+    from coldstart.weights.loader import alloc_like_index, load_into
+
+    index = read_index(flat)
+    dest = alloc_like_index(index, device=device)
+    with _progress_bar("load") as prog:
+        task = prog.add_task(f"loading {Path(index.data_file).name}", total=index.total_bytes)
+        stats = load_into(index, dest, threads=threads, chunk_bytes=chunk_mb << 20, buffers=buffers, verify=verify,
+                          direct=direct, mode=mode,
+                          progress=lambda done, total: prog.update(task, completed=done))
+    if json_out:
+        typer.echo(json.dumps(stats.as_dict()))
+        return
+    tab = Table(title=f"coldstart weights load: {flat}")
+    tab.add_column("")
+    tab.add_column("value", justify="right")
+    rows = [
+        ("tensors", str(stats.tensors)), ("bytes", f"{stats.bytes / 2**30:.3f} GiB"),
+        ("seconds", f"{stats.seconds:.3f}"), ("throughput", f"{stats.gib_per_s:.2f} GiB/s"),
+        ("mode", stats.mode + (" + O_DIRECT" if stats.o_direct else "") + (" + verify" if stats.verify else "")),
+        ("threads / chunk / buffers", f"{stats.threads} / {stats.chunk_bytes >> 20} MiB / {stats.buffers or '-'}"),
+        *((f"phase {k}", f"{v:.3f} s") for k, v in stats.phases.items()),
+        ("read (thread-s)", f"{stats.read_s:.3f}"),
+    ]
+    if stats.mode == "staged":
+        rows += [("copy (s)", f"{stats.copy_s:.3f}"), ("wait for reads (s)", f"{stats.wait_s:.3f}")]
+    if stats.verify:
+        rows.append(("verify (thread-s)", f"{stats.verify_s:.3f}"))
+    for k, v in rows:
+        tab.add_row(k, v)
+    Console().print(tab)
+    for n in stats.notes:
+        typer.echo(f"note: {n}")
+
+
+def verify_command(
+    flat: Path = typer.Argument(..., help="a dump directory or its weights.flat"),
+    threads: int = typer.Option(4, "--threads", help="hashing threads"),
+) -> None:
+    """Check every chunk digest of a dump; exit 1 naming the first bad tensors."""
+    from coldstart.weights.loader import verify_flat
+
+    with _progress_bar("verify") as prog:
+        task = prog.add_task("verifying", total=None)
+        index, bad = verify_flat(flat, threads=threads,
+                                 progress=lambda done, total: prog.update(task, completed=done, total=total))
+    if bad:
+        more = f" (and {len(bad) - 1} more corrupt tensors)" if len(bad) > 1 else ""
+        raise ColdstartError(f"{bad[0]}{more}")
+    typer.echo(f"ok: {len(index.tensors)} tensors, {index.total_bytes / 2**30:.3f} GiB, {index.digest_algo} digests match")
+
+
+def register(app: typer.Typer, bench: typer.Typer) -> None:
+    sub = typer.Typer(help="Flat weight format: dump, parallel load, verify.", no_args_is_help=True)
+    sub.command("dump")(dump_command)
+    sub.command("load")(load_command)
+    sub.command("verify")(verify_command)
+    app.add_typer(sub, name="weights")
+    import importlib.util
+
+    if importlib.util.find_spec("coldstart.weights.bench") is not None:  # written by the benchmark owner
+        from coldstart.weights.bench import bench_load_command
+
+        bench.command("load")(bench_load_command)
