@@ -25,6 +25,7 @@ from pathlib import Path
 from coldstart.errors import ColdstartError
 
 SLEEP_WORKER = "coldstart.engine.sleep_worker.SleepCPUWorker"
+GPU_WORKER = "coldstart.engine.gpu_worker.ColdstartGPUWorker"  # unverified on GPU
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 
@@ -47,12 +48,26 @@ class EngineSpec:
     seed: int = 0
     python: str = sys.executable
     no_io_uring: bool = True
+    enforce_eager: bool = True  # CPU: the compile cache does not reload; GPU: False keeps CUDA graphs
+    worker_cls: str | None = None  # default: ours for the device ("" = vLLM's stock worker)
 
     def __post_init__(self) -> None:
         self.model = Path(self.model)
         self.run_dir = Path(self.run_dir)
         if self.device not in ("cpu", "cuda"):
             raise ColdstartError(f"unknown engine device {self.device!r} (expected cpu or cuda)")
+        if self.worker_cls is None:
+            self.worker_cls = SLEEP_WORKER if self.device == "cpu" else GPU_WORKER
+        if self.sleep_mode and self.device == "cpu" and self.worker_cls != SLEEP_WORKER:
+            raise ColdstartError("sleep mode on CPU needs coldstart's worker "
+                                 f"(--worker-cls {SLEEP_WORKER}); vLLM's CPU worker cannot sleep")
+
+    @classmethod
+    def for_gpu(cls, model: Path, run_dir: Path, **kw) -> "EngineSpec":
+        """A GPU server: vLLM's sleep mode (CuMemAllocator) + our RPCs. Unverified on GPU."""
+        kw.setdefault("kv_cache_bytes", 0)  # let vLLM size the KV cache from gpu_memory_utilization
+        kw.setdefault("enforce_eager", False)  # CUDA graphs are captured once, then live in the snapshot
+        return cls(model=model, run_dir=run_dir, device="cuda", **kw)
 
     @property
     def base_url(self) -> str:
@@ -65,7 +80,9 @@ class EngineSpec:
     def vllm_args(self) -> list[str]:
         """The arguments after ``python -m vllm.entrypoints.openai.api_server``."""
         a = ["--model", str(self.model), "--host", self.host, "--port", str(self.port),
-             "--enforce-eager", "--seed", str(self.seed)]
+             "--seed", str(self.seed)]
+        if self.enforce_eager:
+            a += ["--enforce-eager"]
         if self.served_model_name:
             a += ["--served-model-name", self.served_model_name]
         if self.max_model_len:
@@ -76,8 +93,10 @@ class EngineSpec:
             a += ["--load-format", self.load_format]
         if self.sleep_mode:
             a += ["--enable-sleep-mode"]
-            if self.device == "cpu":
-                a += ["--worker-cls", SLEEP_WORKER]
+        # our worker classes add the coldstart RPCs (reload, dump, state); on CPU it also implements
+        # sleep; on GPU sleep stays vLLM's own (CuMemAllocator)
+        if self.worker_cls:
+            a += ["--worker-cls", self.worker_cls]
         return a + list(self.extra_args)
 
     def argv(self) -> list[str]:
@@ -104,7 +123,7 @@ class EngineSpec:
             "UV_USE_IO_URING": "0",
             "PYTHONUNBUFFERED": "1",
         }
-        if self.sleep_mode and self.device == "cpu":
+        if self.sleep_mode and self.device == "cpu" and self.worker_cls == SLEEP_WORKER:
             # read by coldstart.engine.plugin: accept --enable-sleep-mode on CPU (our worker does it)
             e["COLDSTART_CPU_SLEEP"] = "1"
         e.update(self.env)
@@ -356,3 +375,12 @@ def find_worker_pid(pids: list[int] | EngineProcess) -> int:
         if key in found:
             return found[key]
     raise ColdstartError(f"no vLLM worker process among PIDs {pids}")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` right now (for tests and parallel servers)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]

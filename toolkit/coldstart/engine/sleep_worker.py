@@ -107,37 +107,112 @@ def keep_plain_linear_weights() -> None:
         layer_utils.dispatch_cpu_unquantized_gemm = _plain_cpu_linear
 
 
-class SleepCPUWorker(CPUWorker):
-    """vLLM's CPU worker with real sleep levels 1 and 2 and in-place fast reload."""
+class ColdstartRPCMixin:
+    """The coldstart RPCs shared by our CPU and GPU workers (reload, dump, state)."""
 
     _cs_sleeping: set[str]
+    _cs_saved_buffers: dict[str, torch.Tensor]
+    _cs_last: dict[str, Any]
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def _cs_init(self) -> None:
         self._cs_sleeping = set()
-        self._cs_saved_buffers: dict[str, torch.Tensor] = {}
-        self._cs_last: dict[str, Any] = {}
-
-    # --- model / KV tensors
-    def load_model(self, *args, **kwargs) -> None:
-        keep_plain_linear_weights()
-        super().load_model(*args, **kwargs)
+        self._cs_saved_buffers = {}
+        self._cs_last = {}
 
     def _cs_model(self) -> torch.nn.Module:
-        return self.model_runner.get_model()
+        return self.model_runner.get_model()  # type: ignore[attr-defined]
 
     def _cs_weight_tensors(self) -> dict[str, torch.Tensor]:
         return {n: p.data for n, p in self._cs_model().named_parameters() if p.numel()}
 
     def _cs_kv_tensors(self) -> list[torch.Tensor]:
         out: list[torch.Tensor] = []
-        kv = getattr(self.model_runner, "kv_caches", None) or []
+        kv = getattr(self.model_runner, "kv_caches", None) or []  # type: ignore[attr-defined]
         for t in kv:
             if isinstance(t, torch.Tensor):
                 out.append(t)
             elif isinstance(t, (list, tuple)):
                 out += [x for x in t if isinstance(x, torch.Tensor)]
         return out
+
+    @torch.inference_mode()
+    def coldstart_reload(self, path: str | None = None, threads: Any = 8, verify: Any = False,
+                         direct: Any = False, chunk_bytes: Any = None, buffers: Any = None) -> dict:
+        """Refill every parameter and buffer in place from a flat dump; returns the loader's stats.
+        ``path`` defaults to the flat dir found for the served model (see plugin.find_flat_dir)."""
+        from coldstart.weights.loader import load_into
+
+        extra = self.vllm_config.load_config.model_loader_extra_config or {}  # type: ignore[attr-defined]
+        path = decode_arg(path)
+        flat = find_flat_dir(path or self.model_config.model, None if path else extra)  # type: ignore[attr-defined]
+        kw: dict[str, Any] = {"threads": int(decode_arg(threads)), "verify": bool(decode_arg(verify)),
+                              "direct": bool(decode_arg(direct))}
+        if chunk_bytes is not None:
+            kw["chunk_bytes"] = int(decode_arg(chunk_bytes))
+        if buffers is not None:
+            kw["buffers"] = int(decode_arg(buffers))
+        t0 = time.perf_counter()
+        stats = load_into(Path(flat), model_tensors(self._cs_model()), **kw)
+        secs = time.perf_counter() - t0
+        out = _as_dict(stats)
+        out.update({"seconds_rpc": round(secs, 6), "flat": str(flat)})
+        self._cs_saved_buffers = {}
+        return out
+
+    def reload_weights(self, *args, **kwargs) -> Any:
+        """vLLM's reload_weights (timed); with ``weights_path`` at a flat dump, our loader instead."""
+        wp = kwargs.get("weights_path")
+        if wp is not None:
+            wp = str(decode_arg(wp))
+            p = Path(wp)
+            if (p / "weights.flat").is_file() and (p / "weights.index.json").is_file():
+                return self.coldstart_reload(wp)
+            kwargs["weights_path"] = wp
+        if "is_checkpoint_format" in kwargs:
+            kwargs["is_checkpoint_format"] = bool(decode_arg(kwargs["is_checkpoint_format"]))
+        t0 = time.perf_counter()
+        super().reload_weights(*args, **kwargs)  # type: ignore[misc]
+        return {"seconds_rpc": round(time.perf_counter() - t0, 6)}
+
+    @torch.inference_mode()
+    def coldstart_dump_weights(self, out_dir: str) -> dict:
+        """Write the live model's parameters and buffers (kernel format) to a flat dump."""
+        from coldstart.weights.dump import dump_tensors
+
+        if "weights" in self._cs_sleeping:
+            raise RuntimeError("cannot dump weights while they are released (sleep level 2)")
+        tensors = model_tensors(self._cs_model())
+        t0 = time.perf_counter()
+        index = dump_tensors(tensors.items(), Path(decode_arg(out_dir)))
+        return {"tensors": len(tensors), "bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
+                "seconds": round(time.perf_counter() - t0, 6), "index": _as_dict(index, shallow=True)}
+
+    def coldstart_rss(self) -> int:
+        """Resident bytes of this worker process."""
+        return rss_bytes()
+
+    def coldstart_weights_bytes(self) -> int:
+        """Bytes of the distinct storages behind the model's parameters."""
+        return sum(t.untyped_storage().nbytes() for t in
+                   {t.untyped_storage().data_ptr(): t for t in self._cs_weight_tensors().values()}.values())
+
+    def coldstart_state(self) -> dict:
+        return {"sleeping": sorted(self._cs_sleeping), "rss": rss_bytes(), "pid": os.getpid(),
+                "weights_bytes": self.coldstart_weights_bytes(),
+                "kv_bytes": sum(n for _, n in unique_storages(self._cs_kv_tensors())),
+                "last": self._cs_last}
+
+
+class SleepCPUWorker(ColdstartRPCMixin, CPUWorker):
+    """vLLM's CPU worker with real sleep levels 1 and 2 and in-place fast reload."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._cs_init()
+
+    def load_model(self, *args, **kwargs) -> None:
+        keep_plain_linear_weights()
+        super().load_model(*args, **kwargs)
 
     # --- sleep / wake (same contract as vLLM's GPU worker)
     @torch.inference_mode()
@@ -177,68 +252,6 @@ class SleepCPUWorker(CPUWorker):
             # released pages read back as zeros already; nothing stale survives
             pass
         self._cs_sleeping -= wake
-
-    # --- reload / dump
-    @torch.inference_mode()
-    def coldstart_reload(self, path: str | None = None, threads: Any = 8, verify: Any = False,
-                         direct: Any = False, chunk_bytes: Any = None, buffers: Any = None) -> dict:
-        """Refill every parameter and buffer in place from a flat dump; returns the loader's stats."""
-        from coldstart.weights.loader import load_into
-
-        extra = self.vllm_config.load_config.model_loader_extra_config or {}
-        flat = find_flat_dir(decode_arg(path) or self.model_config.model, extra if path is None else None)
-        kw: dict[str, Any] = {"threads": int(decode_arg(threads)), "verify": bool(decode_arg(verify)),
-                              "direct": bool(decode_arg(direct))}
-        if chunk_bytes is not None:
-            kw["chunk_bytes"] = int(decode_arg(chunk_bytes))
-        if buffers is not None:
-            kw["buffers"] = int(decode_arg(buffers))
-        t0 = time.perf_counter()
-        stats = load_into(Path(flat), model_tensors(self._cs_model()), **kw)
-        secs = time.perf_counter() - t0
-        out = _as_dict(stats)
-        out.update({"seconds_rpc": round(secs, 6), "flat": str(flat)})
-        self._cs_saved_buffers = {}
-        return out
-
-    def reload_weights(self, *args, **kwargs) -> Any:
-        """vLLM's reload_weights; with ``weights_path`` pointing at a flat dump, our loader instead."""
-        wp = kwargs.get("weights_path")
-        if wp is not None:
-            wp = decode_arg(wp)
-            p = Path(str(wp))
-            if (p / "weights.flat").is_file() and (p / "weights.index.json").is_file():
-                return self.coldstart_reload(str(p))
-            kwargs["weights_path"] = str(wp)
-        t0 = time.perf_counter()
-        super().reload_weights(*args, **kwargs)
-        return {"seconds_rpc": round(time.perf_counter() - t0, 6)}
-
-    @torch.inference_mode()
-    def coldstart_dump_weights(self, out_dir: str) -> dict:
-        """Write the live model's parameters and buffers (kernel format) to a flat dump."""
-        from coldstart.weights.dump import dump_tensors
-
-        if "weights" in self._cs_sleeping:
-            raise RuntimeError("cannot dump weights while they are released (sleep level 2)")
-        tensors = model_tensors(self._cs_model())
-        t0 = time.perf_counter()
-        index = dump_tensors(tensors.items(), Path(decode_arg(out_dir)))
-        return {"tensors": len(tensors), "bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
-                "seconds": round(time.perf_counter() - t0, 6), "index": _as_dict(index, shallow=True)}
-
-    # --- introspection
-    def coldstart_rss(self) -> int:
-        return rss_bytes()
-
-    def coldstart_weights_bytes(self) -> int:
-        return sum(n for _, n in unique_storages(self._cs_weight_tensors().values()))
-
-    def coldstart_state(self) -> dict:
-        return {"sleeping": sorted(self._cs_sleeping), "rss": rss_bytes(), "pid": os.getpid(),
-                "weights_bytes": self.coldstart_weights_bytes(),
-                "kv_bytes": sum(n for _, n in unique_storages(self._cs_kv_tensors())),
-                "last": self._cs_last}
 
 
 def _as_dict(obj: Any, shallow: bool = False) -> Any:
