@@ -15,7 +15,8 @@ from pathlib import Path
 
 from coldstart.errors import ColdstartError
 
-COMMON = ["--shell-job", "--ext-unix-sk", "--tcp-established", "--link-remap", "--file-locks"]
+COMMON = ["--shell-job", "--ext-unix-sk", "--tcp-established", "--link-remap", "--file-locks",
+          "--network-lock", "nftables"]  # no iptables on these hosts; nftables locks TCP while dumping
 DUMP_ONLY = ["--ghost-limit", "512M", "--skip-in-flight"]
 
 
@@ -74,9 +75,25 @@ def dump(criu: str, pid: int, images: Path, log_dir: Path, timeout: float = 600)
         raise ColdstartError(f"criu dump of pid {pid} failed (log {log}): {_log_tail(log) or r.stderr.strip()[-300:]}")
 
 
+NOTIFY = """#!/bin/sh
+# written by coldstart: tells the restore that CRIU resumed the tree
+[ "$CRTOOLS_SCRIPT_ACTION" = post-resume ] && : > "$COLDSTART_RESTORED_FILE"
+exit 0
+"""
+
+
 def restore_argv(criu: str, images: Path, work_dir: Path, pidfile: Path, mmap_pages: bool) -> list[str]:
+    """``criu restore`` that stays the restored tree's parent (not ``-d``).
+
+    Why not detached: the server was started under ``unshare --kill-child``, which set its parent-death
+    signal to SIGKILL; CRIU restores that, so a detached restore (CRIU exits) kills the server at
+    once. CRIU staying alive as the parent also keeps the chain entrypoint → criu → server, and CRIU
+    exits with the server. The post-resume action script tells us when the tree runs."""
+    notify = work_dir / "notify.sh"
+    notify.write_text(NOTIFY)
+    notify.chmod(0o755)
     argv = [criu, "restore", "-D", str(images), "-W", str(work_dir), "-o", str(work_dir / "restore.log"),
-            "-v4", *COMMON, "--restore-detached", "--pidfile", str(pidfile)]
+            "-v4", *COMMON, "--pidfile", str(pidfile), "--action-script", str(notify)]
     if mmap_pages:
         argv.append("--mmap-pages")
     return argv

@@ -146,8 +146,7 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
 
         weights: dict = {}
         if sleep:
-            wdir = out / "weights"
-            wdir.mkdir()
+            wdir = out / "weights"  # dump_tensors publishes it by rename: must not exist yet
             res = client.collective_rpc("coldstart_dump_weights", kwargs={"out_dir": str(wdir)})
             weights = _weights_entry(out, wdir, res)
             tl.mark(EventName.WEIGHTS_DUMPED, bytes=weights["bytes"])
@@ -156,7 +155,7 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
             # give the canary back before the snapshot is published.
             client.sleep(level=2)
             client.wake_up(["weights"])
-            client.collective_rpc("coldstart_reload", kwargs={"path": str(out / weights["flat"])})
+            client.collective_rpc("coldstart_reload", kwargs={"path": str(out / weights["dir"])})
             client.wake_up(["kv_cache"])
             rehearsal = client.complete(opts.canary_prompt, max_tokens=opts.canary_tokens, seed=0)
             if rehearsal.token_ids != canary.token_ids:
@@ -171,6 +170,9 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
 
         shm_files = sorted(eng.shm_paths())
         pids = eng.pids()
+        # The log's size as CRIU will record it: the server is idle now, and after the dump the
+        # launcher (unshare) may still append a line, which the restore cuts off again.
+        log_sizes = {str(spec.log_path): spec.log_path.stat().st_size}
         say(f"criu dump of {len(pids)} processes")
         _criu.dump(criu, eng.root_pid, out / "criu", out / "run")
         if eng.popen is not None:
@@ -192,7 +194,6 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
                 shm_taken.append(SHM / name)
         for p in shm_taken:
             p.unlink(missing_ok=True)
-        log_sizes = {str(spec.log_path): spec.log_path.stat().st_size}
 
         files = inventory(out, digests=True)
         m = Manifest(
@@ -236,5 +237,5 @@ def _weights_entry(out: Path, wdir: Path, rpc_result) -> dict:
                              f"found {len(flats)} (worker answered {str(rpc_result)[:200]})")
     flat = flats[0]
     index = [p for p in wdir.rglob("*.json")]
-    return {"flat": str(flat.relative_to(out)), "index": [str(p.relative_to(out)) for p in index],
+    return {"dir": str(flat.parent.relative_to(out)), "flat": str(flat.relative_to(out)), "index": [str(p.relative_to(out)) for p in index],
             "bytes": flat.stat().st_size}

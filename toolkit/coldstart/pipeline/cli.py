@@ -49,6 +49,8 @@ def restore_cmd(
     no_fallback: bool = typer.Option(False, "--no-fallback", help="Fail instead of cold-booting."),
     model: Optional[str] = typer.Option(None, help="Model to cold-boot if the manifest is unreadable."),
     timeout: float = typer.Option(300.0, help="Seconds to wait for the restored server."),
+    net: str = typer.Option("auto", help="host (containers) | private (own netns + forwarder) | auto."),
+    port: Optional[int] = typer.Option(None, help="Host port (private net: the forwarder's; cold boot: vLLM's)."),
     timeline_out: Optional[Path] = typer.Option(None, help="Append the timing events (jsonl) here."),
 ) -> None:
     """Restore a snapshot and serve (the container entrypoint); any failure → cold boot, reason printed."""
@@ -57,7 +59,7 @@ def restore_cmd(
     from coldstart.pipeline.restore import RestoreOptions, restore, serve as serve_fn
 
     res = restore(RestoreOptions(snapshot=snapshot, verify=verify, warm=not no_warm, fallback=not no_fallback,
-                                 model=model, timeout=timeout), say=_say)
+                                 model=model, timeout=timeout, net=net, port=port), say=_say)
     Console(stderr=True).print(res.timeline.table())
     if timeline_out:
         res.timeline.write_jsonl(timeline_out)

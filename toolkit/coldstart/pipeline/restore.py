@@ -43,8 +43,9 @@ class RestoreOptions:
     warm: bool = True
     fallback: bool = True
     model: str | None = None  # cold-boot this if the manifest cannot even be read
-    port: int | None = None  # cold-boot port override (the restored server keeps its dumped port)
+    port: int | None = None  # host port to serve on (private net: the forwarder's; cold boot: vLLM's)
     cold_timeout: float = 900.0
+    net: str = "auto"  # host | private | auto (private when the snapshot's port is busy here)
 
 
 @dataclass
@@ -57,6 +58,16 @@ class RestoreResult:
     canary_ok: bool = False
     manifest: Manifest | None = None
     text: str = ""
+    forwarder: object | None = None  # netns.Forwarder in net="private" mode
+
+    def stop(self) -> None:
+        """Stop the server (and the forwarder); reap it."""
+        try:
+            self.engine.stop(timeout=10)
+        finally:
+            if self.forwarder is not None:
+                self.forwarder.close()
+            _reap(self.engine.root_pid)
 
 
 def set_subreaper() -> None:
@@ -94,6 +105,9 @@ def fall_back(reason: str, m: Manifest | None, opts: RestoreOptions, tl: Timelin
         raise ColdstartError(f"restore failed ({reason}) and there is no model to cold-boot "
                              "(pass --model)")
     port = opts.port or (m.port if m else 8000)
+    if not _port_free("127.0.0.1", port):
+        port = _free_port()
+        say(f"port busy: the cold boot listens on {port}")
     eng, comp = cold_start(model, port=port, engine_args=m.engine_args if m else [], timeline=tl,
                            timeout=opts.cold_timeout, served_model_name=m.served_model_name if m else None,
                            kv_cache_bytes=int(m.timings.get("kv_cache_bytes", 256 << 20)) if m else 256 << 20,
@@ -104,20 +118,24 @@ def fall_back(reason: str, m: Manifest | None, opts: RestoreOptions, tl: Timelin
                          fallback_reason=reason, canary_ok=ok, manifest=m, text=comp.text if comp else "")
 
 
-def _prepare_host_state(snap: Path, m: Manifest) -> None:
-    """Put back what the image refers to by path but does not contain."""
+def _truncate_logs(m: Manifest) -> None:
+    """CRIU checks the size of the files the process had open: cut the logs back to dump time."""
     for logp, size in m.log_sizes.items():
         p = Path(logp)
         if p.exists() and p.stat().st_size > size:
-            os.truncate(p, size)  # CRIU checks the size of files the process had open
+            os.truncate(p, size)
+
+
+def _prepare_host_state(snap: Path, m: Manifest) -> None:
+    """Put back in the host's /dev/shm what the image refers to by path but does not contain."""
     for name in m.shm_files:
         src = snap / "shm" / name
         if src.exists():
-            shutil.copyfile(src, SHM / name)
+            shutil.copy2(src, SHM / name)  # CRIU checks the mode too
     remaps = snap / "link-remaps"
     if remaps.is_dir():
         for src in remaps.iterdir():
-            shutil.copyfile(src, SHM / src.name)
+            shutil.copy2(src, SHM / src.name)
 
 
 def _start_warming(snap: Path, m: Manifest):
@@ -156,28 +174,65 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) -
     if warmer is not None:
         tl.mark(EventName.WARM_START)
 
-    if not _port_free(m.host_addr, m.port):
-        raise RestoreFailed(f"port {m.port} is busy on {m.host_addr} (another server from this snapshot?)")
-    _prepare_host_state(snap, m)
-    set_subreaper()
+    net = opts.net
+    if net == "auto":
+        net = "host" if _port_free(m.host_addr, m.port) else "private"
+    if net == "host" and not _port_free(m.host_addr, m.port):
+        raise RestoreFailed(f"port {m.port} is busy on {m.host_addr} (another server from this snapshot? "
+                            "use --net private)")
+    # (no subreaper needed: criu stays the tree's parent and our child)
     work = Path(tempfile.mkdtemp(prefix="coldstart-restore-"))
     pidfile = work / "restore.pid"
     mmap = _criu.supports_mmap_pages(criu)
     argv = _criu.restore_argv(criu, snap / "criu", work, pidfile, mmap_pages=mmap)
-    tl.mark(EventName.RESTORE_ISSUED, mmap_pages=mmap)
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=opts.timeout, cwd=m.run_dir or None)
-    if r.returncode != 0 or not pidfile.exists():
-        raise RestoreFailed(f"criu restore failed (log {work / 'restore.log'}): "
-                            f"{_criu._log_tail(work / 'restore.log') or r.stderr.strip()[-300:]}")
+    _truncate_logs(m)
+    if net == "private":
+        from coldstart.pipeline.netns import wrap_argv
+
+        shm = [snap / "shm" / n for n in m.shm_files if (snap / "shm" / n).exists()]
+        if (snap / "link-remaps").is_dir():
+            shm += sorted((snap / "link-remaps").iterdir())
+        argv = wrap_argv(argv, shm)
+    else:
+        _prepare_host_state(snap, m)
+    tl.mark(EventName.RESTORE_ISSUED, mmap_pages=mmap, net=net)
+    restored_flag = work / "restored"
+    env = dict(os.environ, COLDSTART_RESTORED_FILE=str(restored_flag))
+    errf = open(work / "criu.stderr", "w+")
+    popen = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=errf, stderr=errf,
+                             cwd=m.run_dir or None)
+    deadline = time.monotonic() + opts.timeout
+    while not restored_flag.exists():
+        if popen.poll() is not None:
+            errf.seek(0)
+            raise RestoreFailed(f"criu restore failed (log {work / 'restore.log'}): "
+                                f"{_criu._log_tail(work / 'restore.log') or errf.read().strip()[-300:]}")
+        if time.monotonic() > deadline:
+            popen.kill()
+            popen.wait()
+            raise RestoreFailed(f"criu restore did not finish within {opts.timeout:.0f} s")
+        time.sleep(0.002)
     root_pid = int(pidfile.read_text().strip())
     tl.mark(EventName.RESTORE_DONE, pid=root_pid)
 
     spec = EngineSpec(model=Path(m.model), run_dir=Path(m.run_dir), port=m.port, host=m.host_addr,
                       sleep_mode=bool(m.weights), extra_args=list(m.engine_args),
                       served_model_name=m.served_model_name)
-    eng = EngineProcess.attach(spec, root_pid, new_pidns=True)
+    eng = EngineProcess.attach(spec, root_pid, popen=popen, new_pidns=True)
+    fwd = None
+    base_url = spec.base_url
+    if net == "private":
+        from coldstart.pipeline.netns import Forwarder
+
+        eng.shm_paths = lambda: set()  # its /dev/shm is a private tmpfs: never unlink the host's files
+        try:
+            fwd = Forwarder(root_pid, (m.host_addr, m.port), ("127.0.0.1", opts.port or 0)).start()
+        except OSError as e:
+            eng.stop(timeout=5)
+            raise RestoreFailed(f"cannot forward to the restored server: {e}") from e
+        base_url = f"http://127.0.0.1:{fwd.address[1]}"
     try:
-        client = EngineClient(spec.base_url, timeout=opts.timeout)
+        client = EngineClient(base_url, timeout=opts.timeout)
         deadline = time.monotonic() + opts.timeout
         while not client.health():
             if not eng.alive():
@@ -190,8 +245,7 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) -
             client.wake_up(["weights"])
             tl.mark(EventName.WAKE_WEIGHTS)
             t = time.monotonic()
-            flat = snap / m.weights["flat"]
-            client.collective_rpc("coldstart_reload", kwargs={"path": str(flat)})
+            client.collective_rpc("coldstart_reload", kwargs={"path": str(snap / m.weights["dir"])})
             dt = time.monotonic() - t
             nbytes = int(m.weights.get("bytes", 0))
             tl.mark(EventName.WEIGHTS_LOADED, bytes=nbytes, gib_s=round(nbytes / 2**30 / dt, 3) if dt else 0)
@@ -205,13 +259,15 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) -
         tl.mark(EventName.FIRST_TOKEN)
         if warmer is not None:
             _finish_warm(warmer, tl)
-        tl.mark(EventName.READY, url=spec.base_url, pid=root_pid)
+        tl.mark(EventName.READY, url=base_url, pid=root_pid)
         tl.labels["outcome"] = "restored"
         shutil.rmtree(work, ignore_errors=True)
-        return RestoreResult(engine=eng, base_url=spec.base_url, timeline=tl, restored=True, canary_ok=True,
-                             manifest=m, text=comp.text)
+        return RestoreResult(engine=eng, base_url=base_url, timeline=tl, restored=True, canary_ok=True,
+                             manifest=m, text=comp.text, forwarder=fwd)
     except BaseException:
         eng.stop(timeout=5)
+        if fwd is not None:
+            fwd.close()
         _reap(root_pid)
         if warmer is not None:
             try:
@@ -235,6 +291,14 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
         pass
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _port_free(host: str, port: int) -> bool:

@@ -1,0 +1,61 @@
+"""One tiny-model snapshot per test session, shared by every pipeline test (a checkpoint costs a
+vLLM start plus a CRIU dump: minutes on this machine). Fallback tests damage hard-linked copies."""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def snapshot(tiny_model_dir, tmp_path_factory):
+    """(snapshot dir, manifest) of the tiny model, made once per session with the patched criu
+    (stock if the patched build is missing)."""
+    from coldstart.pipeline.checkpoint import CheckpointOptions, checkpoint
+
+    out = tmp_path_factory.mktemp("pipeline") / "snap"
+    m, _ = checkpoint(CheckpointOptions(model=tiny_model_dir, out=out, port=free_port()), say=print)
+    yield out, m
+    shutil.rmtree(out, ignore_errors=True)
+
+
+@pytest.fixture
+def snapshot_copy(snapshot, tmp_path):
+    """A copy of the snapshot to damage: every file hard-linked (free), manifest.json copied.
+    Replace a file (unlink + write) before changing its bytes, never write through the link."""
+    src, _ = snapshot
+
+    def make(name: str = "copy") -> Path:
+        dst = tmp_path / name
+        for p in sorted(src.rglob("*")):
+            rel = p.relative_to(src)
+            if rel.parts and rel.parts[0] == "run":
+                continue  # the live run dir stays the original's (the manifest names it absolutely)
+            t = dst / rel
+            if p.is_dir():
+                t.mkdir(parents=True, exist_ok=True)
+            elif p.name == "manifest.json":
+                t.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(p, t)
+            else:
+                t.parent.mkdir(parents=True, exist_ok=True)
+                os.link(p, t)
+        return dst
+
+    return make
+
+
+def unlink_copy(path: Path) -> None:
+    """Break the hard link so that writing ``path`` does not change the shared snapshot."""
+    tmp = path.with_name(path.name + ".unlinked")
+    shutil.copyfile(path, tmp)
+    os.replace(tmp, path)

@@ -1,0 +1,147 @@
+"""Acceptance of issue 4 (checkpoint/restore half): real vLLM-CPU, real (patched) criu, one shared
+snapshot. Restores run into a fresh PID namespace (CRIU makes one: the dumped server was the init of
+its own), so they work while another server of the same snapshot lives."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from coldstart.engine.client import EngineClient
+from coldstart.pipeline.restore import RestoreOptions, restore
+
+from .conftest import free_port, unlink_copy
+
+pytestmark = pytest.mark.timeout(1500)
+
+
+def _complete(url: str, m) -> list[int]:
+    return EngineClient(url, timeout=300).complete(m.canary.prompt, max_tokens=m.canary.max_tokens,
+                                                   seed=m.canary.seed).token_ids
+
+
+def test_manifest_is_complete(snapshot):
+    snap, m = snapshot
+    assert (snap / "manifest.json").is_file()
+    assert m.canary.token_ids and m.model_digest and m.host["vllm"] and m.host["kernel"]
+    assert any(k.startswith("criu/pages-") for k in m.files)
+    for rel, fe in m.files.items():
+        assert (snap / rel).stat().st_size == fe.size and fe.xxh3
+    assert m.weights.get("flat") in m.files, "the snapshot sleeps at level 2: the weights live in the flat file"
+
+
+def test_restore_twice_equals_canary(snapshot):
+    snap, m = snapshot
+    for attempt in range(2):
+        lines: list[str] = []
+        res = restore(RestoreOptions(snapshot=snap, fallback=False), say=lines.append)
+        try:
+            assert res.restored and res.canary_ok, lines
+            assert _complete(res.base_url, m) == m.canary.token_ids
+            names = [e.name for e in res.timeline.events]
+            for ev in ("MANIFEST_OK", "RESTORE_ISSUED", "RESTORE_DONE", "SERVER_UP", "WAKE_WEIGHTS",
+                       "WEIGHTS_LOADED", "WAKE_KV", "CANARY_OK", "FIRST_TOKEN", "READY"):
+                assert ev in names, (attempt, names)
+        finally:
+            res.stop()
+
+
+def test_restore_while_another_runs(snapshot):
+    snap, m = snapshot
+    first = restore(RestoreOptions(snapshot=snap, fallback=False, net="host"), say=print)
+    try:
+        second = restore(RestoreOptions(snapshot=snap, fallback=False, net="auto", port=free_port()), say=print)
+        try:
+            assert second.restored and second.base_url != first.base_url
+            assert second.engine.root_pid != first.engine.root_pid
+            assert _complete(second.base_url, m) == m.canary.token_ids
+            assert _complete(first.base_url, m) == m.canary.token_ids
+        finally:
+            second.stop()
+        assert _complete(first.base_url, m) == m.canary.token_ids  # the first one survived
+    finally:
+        first.stop()
+
+
+def _fallback(snap: Path, m, **kw):
+    lines: list[str] = []
+    res = restore(RestoreOptions(snapshot=snap, port=free_port(), **kw), say=lines.append)
+    try:
+        assert not res.restored
+        assert any(line.startswith("fallback: ") for line in lines), lines
+        assert res.fallback_reason and res.canary_ok, (res.fallback_reason, lines)
+        assert _complete(res.base_url, m) == m.canary.token_ids  # the cold boot serves correct output
+        assert "FALLBACK" in [e.name for e in res.timeline.events]
+    finally:
+        res.stop()
+    return res.fallback_reason
+
+
+def test_fallback_other_vllm_version(snapshot, snapshot_copy):
+    _, m = snapshot
+    snap = snapshot_copy()
+    d = json.loads((snap / "manifest.json").read_text())
+    d["host"]["vllm"] = "0.0.1"
+    (snap / "manifest.json").write_text(json.dumps(d))
+    reason = _fallback(snap, m)
+    assert "vllm" in reason and "0.0.1" in reason
+
+
+def test_fallback_corrupt_pages_image(snapshot, snapshot_copy):
+    _, m = snapshot
+    snap = snapshot_copy()
+    pages = max((snap / "criu").glob("pages-*.img"), key=lambda p: p.stat().st_size)
+    unlink_copy(pages)
+    with open(pages, "r+b") as f:  # same size, different bytes: only the digests can tell
+        f.seek(pages.stat().st_size // 2)
+        f.write(os.urandom(1 << 20))
+    reason = _fallback(snap, m, verify=True)
+    assert pages.name in reason and "digest" in reason
+
+
+def test_fallback_truncated_weights(snapshot, snapshot_copy):
+    _, m = snapshot
+    snap = snapshot_copy()
+    flat = snap / m.weights["flat"]
+    unlink_copy(flat)
+    os.truncate(flat, flat.stat().st_size // 2)
+    reason = _fallback(snap, m)
+    assert "weights.flat" in reason and "size" in reason
+
+
+def test_fallback_missing_criu(snapshot, monkeypatch):
+    snap, m = snapshot
+    monkeypatch.setenv("COLDSTART_CRIU", "/nonexistent/criu")
+    reason = _fallback(snap, m)
+    assert "criu" in reason and "/nonexistent/criu" in reason
+
+
+def test_fallback_canary_mismatch_swapped_weights(snapshot, snapshot_copy):
+    """A weights file of the same size and layout holding other weights (layer 0's and layer 1's
+    tensors swapped): the manifest's size checks pass, the reload succeeds, only the canary can
+    notice, and it must."""
+    from coldstart.weights.format import read_index
+
+    _, m = snapshot
+    snap = snapshot_copy()
+    flat = snap / m.weights["flat"]
+    unlink_copy(flat)
+    idx = read_index(snap / m.weights["dir"]).by_name()
+    pairs = [(n, n.replace(".layers.0.", ".layers.1.")) for n in idx if ".layers.0." in n]
+    pairs = [(a, b) for a, b in pairs if b in idx and idx[a].nbytes == idx[b].nbytes]
+    assert pairs, "no same-shaped tensors to swap"
+    with open(flat, "r+b") as f:
+        for a, b in pairs:
+            ea, eb = idx[a], idx[b]
+            f.seek(ea.offset)
+            da = f.read(ea.nbytes)
+            f.seek(eb.offset)
+            db = f.read(eb.nbytes)
+            f.seek(ea.offset)
+            f.write(db)
+            f.seek(eb.offset)
+            f.write(da)
+    reason = _fallback(snap, m)
+    assert "canary" in reason
