@@ -9,10 +9,12 @@ from coldstart.errors import ColdstartError
 
 
 def _progress_bar(description: str):
+    from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
+    # on stderr: stdout stays clean for --json and scripts
     return Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(binary_units=True),
-                    TransferSpeedColumn(), TimeRemainingColumn(), transient=True)
+                    TransferSpeedColumn(), TimeRemainingColumn(), transient=True, console=Console(stderr=True))
 
 
 def dump_command(

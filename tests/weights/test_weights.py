@@ -1,0 +1,422 @@
+"""Flat format + loader: round trips, clear errors, crash safety, the staged pipeline's scheduling."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from itertools import chain
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from coldstart.errors import ColdstartError
+from coldstart.weights import loader as loader_mod
+from coldstart.weights.dump import dump_safetensors, dump_tensors
+from coldstart.weights.format import DATA_NAME, INDEX_NAME, read_index
+from coldstart.weights.loader import BufferPool, alloc_like_index, load_into, plan_pieces, verify_flat
+
+KIB = 1024
+DIGEST_CHUNK = 16 * KIB  # small digest chunks and reads so that a few MB exercise every split path
+
+
+def _raw(t: torch.Tensor) -> bytes:
+    t = t.detach().contiguous()
+    return t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+
+
+def _tensors(seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    out: dict[str, torch.Tensor] = {}
+    shapes = [(3,), (1000, 37), (257, 129), (64, 1024), ()]  # odd sizes, one > several read pieces, a scalar
+    for dt in (torch.bfloat16, torch.float16, torch.float32):
+        for i, s in enumerate(shapes):
+            out[f"{dt}.{i}"] = torch.randn(s, generator=g).to(dt)
+    for i, s in enumerate(shapes):
+        out[f"int8.{i}"] = torch.randint(-128, 128, s, generator=g, dtype=torch.int8)
+    out["int64.buf"] = torch.arange(17, dtype=torch.int64)
+    out["bool.mask"] = torch.rand(33, generator=g) > 0.5
+    out["empty"] = torch.empty(0, 5, dtype=torch.float32)
+    return out
+
+
+@pytest.fixture(scope="module")
+def src() -> dict[str, torch.Tensor]:
+    return _tensors()
+
+
+@pytest.fixture(scope="module")
+def flat(tmp_path_factory, src) -> Path:
+    out = tmp_path_factory.mktemp("flat") / "dump"
+    dump_tensors(src.items(), out, chunk_bytes=DIGEST_CHUNK)
+    return out
+
+
+def _fresh(src):
+    return {k: torch.full_like(v, 0) if v.dtype != torch.bool else torch.zeros_like(v) for k, v in src.items()}
+
+
+def test_layout(flat, src):
+    idx = read_index(flat)
+    assert (flat / DATA_NAME).exists() and (flat / INDEX_NAME).exists()
+    assert [t.name for t in idx.tensors] == list(src)
+    assert all(t.offset % 4096 == 0 for t in idx.tensors)
+    assert idx.data_size % 4096 == 0 and idx.data_size == (flat / DATA_NAME).stat().st_size
+    big = idx.by_name()["torch.float32.3"]
+    assert big.nbytes == 64 * 1024 * 4 and len(big.chunk_digests) == 16
+    with open(flat / DATA_NAME, "rb") as f:
+        f.seek(big.offset)
+        assert f.read(big.nbytes) == _raw(src["torch.float32.3"])
+
+
+@pytest.mark.parametrize("mode", ["direct", "staged"])
+@pytest.mark.parametrize("verify", [False, True])
+@pytest.mark.parametrize("o_direct", [False, True])
+def test_roundtrip_bit_exact(flat, src, mode, verify, o_direct):
+    dest = _fresh(src)
+    stats = load_into(flat, dest, threads=3, chunk_bytes=64 * KIB, buffers=2, verify=verify, direct=o_direct, mode=mode)
+    for k, v in src.items():
+        assert dest[k].dtype == v.dtype and _raw(dest[k]) == _raw(v), k
+    assert stats.bytes == sum(v.numel() * v.element_size() for v in src.values())
+    assert stats.mode == mode and stats.tensors == len(src) and stats.gib_per_s > 0
+
+
+def test_non_contiguous_destination(flat, src):
+    dest = _fresh(src)
+    base = torch.zeros(1024, 64, dtype=torch.float32)
+    dest["torch.float32.3"] = base.t()  # a (64, 1024) transposed view: loaded through a shadow, copied back
+    load_into(flat, dest, chunk_bytes=64 * KIB)
+    assert torch.equal(base.t(), src["torch.float32.3"])
+
+
+def test_plan_respects_digest_chunks():
+    idx_entries = [type("E", (), {"offset": 0, "nbytes": 100 * KIB})(), type("E", (), {"offset": 104 * KIB, "nbytes": 10})()]
+    pieces = plan_pieces(idx_entries, 40 * KIB, digest_chunk=16 * KIB, verify=True)
+    # 40 KiB rounds down to 32 KiB (two whole digest chunks); the small tensor gets its own read
+    assert [p.length for p in pieces] == [32 * KIB, 32 * KIB, 32 * KIB, 4 * KIB, 10]
+    pieces = plan_pieces(idx_entries, 200 * KIB, digest_chunk=16 * KIB, verify=False)
+    assert len(pieces) == 1 and [s.boff for s in pieces[0].segments] == [0, 104 * KIB]
+
+
+def test_roundtrip_from_safetensors(tiny_model_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    out = tmp_path / "tiny.flat"
+    idx = dump_safetensors(tiny_model_dir, out)
+    ref = load_file(str(tiny_model_dir / "model.safetensors"))
+    assert {t.name for t in idx.tensors} == set(ref)
+    dest = alloc_like_index(out)
+    load_into(out / DATA_NAME, dest, verify=True)  # the weights.flat path works too
+    for k, v in ref.items():
+        assert _raw(dest[k]) == _raw(v), k
+
+
+class _Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(96, 80).to(torch.bfloat16)
+        self.norm = torch.nn.BatchNorm1d(80)  # buffers: running stats + an int64 counter
+        self.head = torch.nn.Linear(80, 7, bias=False).to(torch.float16)
+
+
+def _named(m: torch.nn.Module):
+    return chain(m.named_parameters(), m.named_buffers())
+
+
+def test_roundtrip_from_live_module(tmp_path):
+    torch.manual_seed(1)
+    a = _Net()
+    a.norm.running_mean.normal_()
+    a.norm.num_batches_tracked.fill_(42)
+    dump_tensors(_named(a), tmp_path / "live")
+    torch.manual_seed(2)
+    b = _Net()
+    dest = dict(_named(b))  # parameters require grad: the loader writes them in place anyway
+    ptrs = {k: v.data_ptr() for k, v in dest.items()}
+    load_into(tmp_path / "live", dest)
+    for (k, va), (_, vb) in zip(_named(a), _named(b)):
+        assert _raw(va) == _raw(vb), k
+        assert vb.data_ptr() == ptrs[k]  # in place: same memory
+    assert b.lin.weight.requires_grad
+
+
+def test_mismatches_name_the_tensor(flat, src):
+    dest = _fresh(src)
+    del dest["int8.1"]
+    with pytest.raises(ColdstartError, match=r"'int8\.1'.*not in the destination"):
+        load_into(flat, dest)
+    load_into(flat, dest, strict=False)  # a subset loads when not strict
+    dest = _fresh(src)
+    dest["extra.weight"] = torch.zeros(3)
+    with pytest.raises(ColdstartError, match=r"'extra\.weight'.*not in the dump"):
+        load_into(flat, dest)
+    dest = _fresh(src)
+    dest["torch.float16.1"] = torch.zeros(1000, 38, dtype=torch.float16)
+    with pytest.raises(ColdstartError, match=r"'torch\.float16\.1': shape \[1000, 38\].*\[1000, 37\]"):
+        load_into(flat, dest)
+    dest = _fresh(src)
+    dest["torch.bfloat16.2"] = torch.zeros(257, 129, dtype=torch.float16)
+    with pytest.raises(ColdstartError, match=r"'torch\.bfloat16\.2': dtype float16 .* bfloat16"):
+        load_into(flat, dest)
+
+
+def _copy_dump(flat: Path, dst: Path) -> Path:
+    dst.mkdir()
+    for name in (DATA_NAME, INDEX_NAME):
+        (dst / name).write_bytes((flat / name).read_bytes())
+    return dst
+
+
+def test_truncated_data_file(flat, src, tmp_path):
+    d = _copy_dump(flat, tmp_path / "t")
+    size = (d / DATA_NAME).stat().st_size
+    os.truncate(d / DATA_NAME, size - 8192)
+    with pytest.raises(ColdstartError, match="truncated"):
+        read_index(d)
+    with pytest.raises(ColdstartError, match="truncated"):
+        load_into(d, _fresh(src))
+
+
+def test_bad_index(flat, tmp_path):
+    d = _copy_dump(flat, tmp_path / "b")
+    (d / INDEX_NAME).write_text("{not json")
+    with pytest.raises(ColdstartError, match="corrupt index"):
+        read_index(d)
+    raw = json.loads((flat / INDEX_NAME).read_text())
+    raw["version"] = 99
+    (d / INDEX_NAME).write_text(json.dumps(raw))
+    with pytest.raises(ColdstartError, match="version 99"):
+        read_index(d)
+    (d / INDEX_NAME).unlink()
+    with pytest.raises(ColdstartError, match="missing index"):
+        read_index(d)
+    with pytest.raises(ColdstartError, match="no such"):
+        read_index(tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize("mode", ["direct", "staged"])
+def test_corrupt_chunk_names_the_tensor(flat, src, tmp_path, mode):
+    d = _copy_dump(flat, tmp_path / "c")
+    e = read_index(d).by_name()["torch.bfloat16.3"]
+    with open(d / DATA_NAME, "r+b") as f:  # flip one byte in the tensor's third digest chunk
+        f.seek(e.offset + 2 * DIGEST_CHUNK + 5)
+        b = f.read(1)
+        f.seek(e.offset + 2 * DIGEST_CHUNK + 5)
+        f.write(bytes([b[0] ^ 0xFF]))
+    with pytest.raises(ColdstartError, match=r"tensor 'torch\.bfloat16\.3': chunk 2 .*digest"):
+        load_into(d, _fresh(src), verify=True, mode=mode, chunk_bytes=64 * KIB)
+    load_into(d, _fresh(src), verify=False, mode=mode)  # without verification the bytes just load
+    _, bad = verify_flat(d)
+    assert len(bad) == 1 and "torch.bfloat16.3" in bad[0]
+
+
+_DUMP_SCRIPT = textwrap.dedent("""
+    import os, sys, time, torch
+    from pathlib import Path
+    import coldstart.weights.dump as dump
+    out, ready, where = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+    tensors = ((f"t{i}", torch.full((1 << 20,), i, dtype=torch.float32)) for i in range(64))  # 256 MiB
+    def hang(*a, **k):
+        ready.write_text("x")
+        time.sleep(600)
+    if where == "data":
+        state = {"n": 0}
+        def progress(done, total):
+            state["n"] += 1
+            if state["n"] == 20:
+                hang()
+        dump.dump_tensors(tensors, out, chunk_bytes=1 << 20, progress=progress)
+    else:  # everything written and fsynced, killed just before the publishing rename
+        dump.fsync_dir = hang
+        dump.dump_tensors(tensors, out, chunk_bytes=1 << 20)
+""")
+
+
+@pytest.mark.parametrize("where", ["data", "publish"])
+def test_sigkill_during_dump_leaves_no_dump(tmp_path, where):
+    out, ready = tmp_path / "dump", tmp_path / "ready"
+    p = subprocess.Popen([sys.executable, "-c", _DUMP_SCRIPT, str(out), str(ready), where])
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists():
+            assert p.poll() is None, "dump subprocess died early"
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert not out.exists()
+    with pytest.raises(ColdstartError):
+        read_index(out)
+    leftovers = [x for x in tmp_path.iterdir() if x.name.startswith(".dump.staging-")]
+    assert leftovers  # the killed writer's staging dir is there, never named like a dump
+    # the next dump into the same place succeeds and sweeps the dead writer's staging dir
+    dump_tensors([("a", torch.ones(4))], out)
+    assert read_index(out).tensors[0].name == "a"
+    assert not [x for x in tmp_path.iterdir() if x.name.startswith(".dump.staging-")]
+
+
+def test_dump_refuses_existing_output(flat):
+    with pytest.raises(ColdstartError, match="already exists"):
+        dump_tensors([("a", torch.ones(1))], flat)
+
+
+# ---- the staged pipeline's buffer scheduling (what the CUDA path relies on), without a device
+
+
+class FakeEvent:
+    """Stands in for torch.cuda.Event: completes when its owner says so, or when synchronized."""
+
+    def __init__(self, on_complete=None) -> None:
+        self.done = threading.Event()
+        self.on_complete = on_complete
+        self.synced = False
+        self._lock = threading.Lock()
+
+    def complete(self) -> None:
+        with self._lock:
+            if not self.done.is_set():
+                if self.on_complete:
+                    self.on_complete()
+                self.done.set()
+
+    def query(self) -> bool:
+        return self.done.is_set()
+
+    def synchronize(self) -> None:
+        self.synced = True
+        self.complete()
+
+
+def test_buffer_pool_waits_for_the_fence():
+    pool = BufferPool(["A", "B"])
+    a, b = pool.acquire(), pool.acquire()
+    ev_a, ev_b = FakeEvent(), FakeEvent()
+    pool.release(a, ev_a)
+    pool.release(b, ev_b)
+    ev_b.complete()  # B's copy is done, but A is older: FIFO claims A and synchronizes on it
+    got = pool.acquire()
+    assert got == "A" and ev_a.synced
+    assert pool.acquire() == "B" and not ev_b.synced  # already complete: no synchronize needed
+
+    pool2 = BufferPool(["X"])
+    x = pool2.acquire()
+    out = []
+    t = threading.Thread(target=lambda: out.append(pool2.acquire()))
+    t.start()
+    time.sleep(0.2)
+    assert not out  # nothing free, nothing pending: the reader waits
+    pool2.release(x, None)
+    t.join(5)
+    assert out == ["X"]
+
+    pool3 = BufferPool(["Y"])
+    pool3.acquire()
+    errs = []
+
+    def blocked():
+        try:
+            pool3.acquire()
+        except Exception as e:  # noqa: BLE001
+            errs.append(type(e).__name__)
+
+    t = threading.Thread(target=blocked)
+    t.start()
+    time.sleep(0.1)
+    pool3.close()  # an error elsewhere: blocked readers are released
+    t.join(5)
+    assert errs == ["_Stopped"]
+
+
+class DeferredCopier:
+    """Behaves like the CUDA copier: copies are queued and only happen when their event completes
+    (later, in another thread, or when synchronized). If the pool handed a buffer back to the readers
+    before its event completed, a reader would overwrite it first and the loaded bytes would differ."""
+
+    def __init__(self) -> None:
+        self.pending: list[FakeEvent] = []
+        self.max_in_flight = 0
+        self.stop = threading.Event()
+        self.completer = threading.Thread(target=self._complete_slowly, daemon=True)
+        self.completer.start()
+
+    def _complete_slowly(self) -> None:
+        while not self.stop.is_set():
+            time.sleep(0.002)
+            if self.pending:
+                self.pending.pop(0).complete()
+
+    def host_buffer(self, n: int):
+        return bytearray(n)
+
+    def host_view(self, buf) -> memoryview:
+        return memoryview(buf)
+
+    def copy(self, piece, buf, views):
+        snap = [(s, ) for s in piece.segments]
+
+        def do_copy() -> None:
+            src = np.frombuffer(buf, dtype=np.uint8)
+            for (s,) in snap:
+                views[s.tensor][s.toff:s.toff + s.length] = src[s.boff:s.boff + s.length]
+
+        ev = FakeEvent(on_complete=do_copy)
+        self.pending.append(ev)
+        self.max_in_flight = max(self.max_in_flight, len(self.pending))
+        return ev
+
+    def finish(self) -> None:
+        for ev in list(self.pending):
+            ev.synchronize()
+        self.stop.set()
+
+
+def test_staged_pipeline_never_reuses_a_busy_buffer(flat, src, monkeypatch):
+    copier = DeferredCopier()
+    monkeypatch.setattr(loader_mod, "make_copier", lambda device, targets: copier)
+    dest = _fresh(src)
+    load_into(flat, dest, mode="staged", threads=4, buffers=3, chunk_bytes=16 * KIB, verify=True)
+    for k, v in src.items():
+        assert _raw(dest[k]) == _raw(v), k
+    assert copier.max_in_flight >= 1
+
+
+# ---- CLI
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "coldstart.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_cli_errors_are_one_line(tmp_path, flat):
+    r = _cli("weights", "load", str(tmp_path / "missing"))
+    assert r.returncode == 1
+    assert r.stderr.strip().startswith("error:") and len(r.stderr.strip().splitlines()) == 1
+    d = _copy_dump(flat, tmp_path / "c")
+    with open(d / DATA_NAME, "r+b") as f:
+        f.seek(read_index(d).by_name()["int8.3"].offset)
+        f.write(b"\x7f\x7f\x7f")
+    r = _cli("weights", "verify", str(d))
+    assert r.returncode == 1 and "int8.3" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = _cli("weights", "load", str(d), "--verify")
+    assert r.returncode == 1 and "int8.3" in r.stderr
+
+
+def test_cli_dump_load_verify(tiny_model_dir, tmp_path):
+    out = tmp_path / "cli.flat"
+    r = _cli("weights", "dump", str(tiny_model_dir), str(out))
+    assert r.returncode == 0, r.stderr
+    r = _cli("weights", "load", str(out), "--json", "--verify", "--threads", "2")
+    assert r.returncode == 0, r.stderr
+    stats = json.loads(r.stdout.strip().splitlines()[-1])
+    assert stats["tensors"] == len(read_index(out).tensors) and stats["verify"] is True
+    r = _cli("weights", "verify", str(out))
+    assert r.returncode == 0 and r.stdout.startswith("ok:")
