@@ -115,7 +115,8 @@ def status(paths: list[Path] = typer.Argument(..., help="snapshot directory or f
     from coldstart.warm.residency import expand_paths, resident_bytes
 
     files = expand_paths(paths)
-    t = Table("file", "resident", "size", "%")
+    t = Table("resident", "size", "%")
+    t.add_column("file", overflow="fold")  # full paths, wrapped rather than cut
     tot_r = tot_s = 0
     bad = []
     for f in files:
@@ -126,8 +127,8 @@ def status(paths: list[Path] = typer.Argument(..., help="snapshot directory or f
             continue
         tot_r += r
         tot_s += s
-        t.add_row(str(f), _human(r), _human(s), f"{100 * r / s:.1f}" if s else "-")
-    t.add_row("[bold]total", _human(tot_r), _human(tot_s), f"{100 * tot_r / tot_s:.1f}" if tot_s else "-")
+        t.add_row(_human(r), _human(s), f"{100 * r / s:.1f}" if s else "-", str(f))
+    t.add_row(_human(tot_r), _human(tot_s), f"{100 * tot_r / tot_s:.1f}" if tot_s else "-", "[bold]total")
     Console().print(t)
     if bad:
         raise ColdstartError("; ".join(bad))

@@ -150,7 +150,8 @@ class ProfileRecorder:
             st = p.stat()
             self.sizes[p] = st.st_size
             self.inodes[(st.st_dev, st.st_ino)] = p
-        self._seen: dict[Path, np.ndarray] = {}
+        self._pc_seen: dict[Path, np.ndarray] = {}  # page cache: resident at some sample (or at start)
+        self._recorded: dict[Path, np.ndarray] = {}  # pages already in the profile (either signal)
         self._issued_mask: dict[Path, np.ndarray] = {}
         self._issued_n = 0
         self._ranges: list[ProfileRange] = []
@@ -158,6 +159,8 @@ class ProfileRecorder:
         self._thread: threading.Thread | None = None
         self._t0 = 0.0
         self._samples = 0
+        self._samples_done = 0
+        self._cond = threading.Condition()
         self._baseline = 0
         self._maps: dict[int, list[tuple[int, int, int, Path]]] = {}
         self._maps_at = -1.0
@@ -183,6 +186,7 @@ class ProfileRecorder:
         me = os.getpid()
         maps: dict[int, list[tuple[int, int, int, Path]]] = {}
         names = {str(p): p for p in self.paths}
+        names.update({str(p.resolve()): p for p in self.paths})  # /proc/PID/maps shows real paths
         for pid in pids:
             if pid == me:
                 continue
@@ -259,11 +263,15 @@ class ProfileRecorder:
                 res = res & ~issued
             new_by_source.append(("pagecache", p, res))
         for source, p, mask in new_by_source:
-            seen = self._seen[p]
-            new = mask & ~seen
+            if source == "pagecache":  # only pages that were not resident before count
+                fresh = mask & ~self._pc_seen[p]
+                self._pc_seen[p] |= mask
+                mask = fresh
+            recorded = self._recorded[p]
+            new = mask & ~recorded
             if not new.any():
                 continue
-            seen |= new
+            recorded |= new
             for a, b in _runs(new):
                 off = a * PAGE
                 length = min(b * PAGE, self.sizes[p]) - off
@@ -273,6 +281,16 @@ class ProfileRecorder:
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             self._sample()
+            with self._cond:
+                self._samples_done += 1
+                self._cond.notify_all()
+
+    def sync(self, timeout: float | None = 10.0) -> None:
+        """Return once a sample that started after this call has completed: what happened before
+        the call is then ordered before anything after it (accesses within one sample are not)."""
+        with self._cond:
+            target = self._samples_done + 2
+            self._cond.wait_for(lambda: self._samples_done >= target or self._stop.is_set(), timeout)
 
     def start(self) -> "ProfileRecorder":
         self._t0 = time.monotonic()
@@ -282,7 +300,8 @@ class ProfileRecorder:
             except OSError:
                 base = np.zeros(self._npages(p), dtype=bool)
             self._baseline += int(base.sum()) * PAGE
-            self._seen[p] = base.copy()
+            self._pc_seen[p] = base.copy()
+            self._recorded[p] = np.zeros(self._npages(p), dtype=bool)
         self._thread = threading.Thread(target=self._run, name="coldstart-profile", daemon=True)
         self._thread.start()
         return self

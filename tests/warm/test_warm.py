@@ -1,0 +1,309 @@
+"""Warm stage: real files on the real disk, real page cache, real vmtouch. No timing thresholds.
+
+The machine's reclaimer evicts file cache idle for ~60 s: each test checks residency right after
+warming, never later.
+"""
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from coldstart.warm import evict, make_warmer, resident_bytes, start_warming
+from coldstart.warm.profile import PROFILE_NAME, ProfileRecorder, load_profile
+from coldstart.warm.residency import PAGE, ResidencySampler
+
+MiB = 1 << 20
+CACHE = Path(os.environ.get("COLDSTART_CACHE", "/var/cache/coldstart"))
+
+
+def _write(path: Path, size: int) -> Path:
+    """Non-zero, non-sparse data (a repeated random block: fast to write, real device reads)."""
+    block = os.urandom(16 * MiB)
+    with open(path, "wb") as f:
+        left = size
+        while left:
+            n = min(left, len(block))
+            f.write(block[:n])
+            left -= n
+        f.flush()
+        os.fsync(f.fileno())
+    return path
+
+
+@pytest.fixture(scope="session")
+def warm_dir(tmp_path_factory) -> Path:
+    """A snapshot-like directory on a disk-backed filesystem (not tmpfs: eviction must be real)."""
+    base = CACHE / "test-warm"
+    base.mkdir(parents=True, exist_ok=True)
+    d = Path(os.path.realpath(tmp_path_factory.mktemp("warm", numbered=True)))
+    if subprocess.run(["stat", "-f", "-c", "%T", str(d)], capture_output=True, text=True).stdout.strip() == "tmpfs":
+        d = base
+    (d / "criu").mkdir(exist_ok=True)
+    _write(d / "criu" / "pages-1.img", 96 * MiB)
+    _write(d / "criu" / "core-1.img", 8192)
+    _write(d / "weights.flat", 160 * MiB)
+    return d
+
+
+@pytest.fixture(scope="session")
+def big_file(warm_dir) -> Path:
+    """~1 GiB: large enough that a cancel right after start cannot have read it all."""
+    return _write(warm_dir / "big.flat", 1024 * MiB)
+
+
+def _drops() -> int:
+    """How many times anyone dropped the page cache (echo N > drop_caches) since boot."""
+    for line in Path("/proc/vmstat").read_text().splitlines():
+        if line.startswith("drop_pagecache "):
+            return int(line.split()[1])
+    return 0
+
+
+class ExternalEviction(AssertionError):
+    """A few pages went missing right after warming: the host's DAMON reclaimer pages out fresh
+    file pages that land in a physical region it has seen idle for long (see ENVIRONMENT.md)."""
+
+
+def assert_fully_resident(f: Path) -> None:
+    r, total = resident_bytes(f)
+    if r == total:
+        return
+    if r >= 0.9 * total:
+        raise ExternalEviction(f"{f}: {r} of {total} resident (a few pages reclaimed right away)")
+    raise AssertionError(f"{f}: only {r} of {total} resident after warming")
+
+
+def retry_on_external_drop(fn):
+    """Teammates' benchmarks drop the whole page cache at any moment on this shared machine; a
+    residency assertion that fails while that happened proves nothing, so the test runs again."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*a, **kw):
+        for attempt in range(4):
+            before = _drops()
+            try:
+                return fn(*a, **kw)
+            except AssertionError as e:
+                if attempt == 3 or (_drops() == before and not isinstance(e, ExternalEviction)):
+                    raise
+    return wrapper
+
+
+def _evict_all(paths):
+    for p in paths:
+        evict(p)
+        assert resident_bytes(p)[0] == 0, f"{p} still resident after DONTNEED"
+
+
+@pytest.mark.parametrize("mode,kw", [("native", {}), ("native", {"method": "willneed"}), ("vmtouch", {})],
+                         ids=["native-pread", "native-willneed", "vmtouch"])
+@retry_on_external_drop
+def test_warm_brings_dropped_files_fully_resident(warm_dir, mode, kw):
+    files = [warm_dir / "criu" / "pages-1.img", warm_dir / "criu" / "core-1.img", warm_dir / "weights.flat"]
+    _evict_all(files)
+    with ResidencySampler(files, interval=0.02) as sampler:
+        stats = start_warming([warm_dir / "criu", warm_dir / "weights.flat"], mode=mode, **kw).wait()
+    assert stats.finished and not stats.cancelled and stats.errors == []
+    for f in files:
+        assert_fully_resident(f)
+    assert stats.bytes == sum(f.stat().st_size for f in files)
+    # the sampler saw residency grow to the total (its final sample is taken after the warm)
+    assert sampler.samples[0].resident < sampler.samples[-1].resident <= sampler.total
+
+
+def test_default_order_pages_then_weights(warm_dir):
+    w = make_warmer([warm_dir], mode="native")
+    names = []
+    for r in w.plan.ranges:
+        if not names or names[-1] != r.path.name:
+            names.append(r.path.name)
+    assert names[:3] == ["core-1.img", "pages-1.img", "weights.flat"]
+
+
+@pytest.mark.parametrize("mode", ["native", "vmtouch"])
+@retry_on_external_drop
+def test_cancel_stops_readers_promptly(big_file, mode):
+    _evict_all([big_file])
+    w = make_warmer([big_file], mode=mode)
+    w.start()
+    if mode == "vmtouch":  # cancel while vmtouch processes are really running
+        while not w.issued():
+            time.sleep(0.001)
+        pids = [p for p in w.running_pids()]
+    w.cancel()
+    stats = w.wait(timeout=60)
+    assert stats.finished and stats.cancelled
+    r, total = resident_bytes(big_file)
+    assert stats.bytes < total and r < total
+    if mode == "native":
+        assert all(not t.is_alive() for t in w.workers)
+        assert len(w.issued()) < len(w.plan.ranges)
+    else:
+        assert w.running_pids() == []
+        for pid in pids:  # killed and reaped
+            assert not Path(f"/proc/{pid}").exists() or "vmtouch" not in Path(f"/proc/{pid}/cmdline").read_text()
+    evict(big_file)
+
+
+@retry_on_external_drop
+def test_missing_or_unreadable_file_is_an_error_not_a_stop(warm_dir, tmp_path):
+    good = warm_dir / "criu" / "pages-1.img"
+    fifo = tmp_path / "fifo"
+    sock_path = tmp_path / "sock"
+    for p in (fifo, sock_path):
+        p.unlink(missing_ok=True)  # a retry reuses tmp_path
+    os.mkfifo(fifo)
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(sock_path))
+    missing = tmp_path / "missing.img"
+    _evict_all([good])
+    for mode in ("native", "vmtouch"):
+        evict(good)
+        stats = start_warming([missing, fifo, sock_path, good], mode=mode).wait(timeout=120)
+        assert stats.finished
+        assert_fully_resident(good)  # the good file was warmed anyway
+        assert len(stats.errors) == 3
+        assert any(str(missing) in e and "No such file" in e for e in stats.errors)
+        assert any(str(fifo) in e for e in stats.errors) and any(str(sock_path) in e for e in stats.errors)
+        assert all("\n" not in e for e in stats.errors)  # one clear line each
+        assert stats.per_file[str(missing)].error
+    sock.close()
+
+
+@retry_on_external_drop
+def test_bad_profile_is_ignored_not_fatal(warm_dir, tmp_path):
+    bad = tmp_path / PROFILE_NAME
+    bad.write_text("{not json")
+    good = warm_dir / "criu" / "pages-1.img"
+    _evict_all([good])
+    stats = start_warming([good], mode="native", profile=bad).wait()
+    assert not stats.profile_used and any("profile ignored" in e for e in stats.errors)
+    assert_fully_resident(good)
+
+
+def _read(path: Path, off: int, n: int) -> None:
+    with open(path, "rb") as f:
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_RANDOM)  # no readahead: exact ranges
+        os.pread(f.fileno(), n, off)
+
+
+@retry_on_external_drop
+def test_profile_recorded_on_one_run_is_used_by_the_next(warm_dir):
+    """Run 1 (a 'restore' reading ranges in a peculiar order) records profile.json; run 2 follows it."""
+    weights = warm_dir / "weights.flat"
+    pages = warm_dir / "criu" / "pages-1.img"
+    files = [pages, weights]
+    _evict_all(files)
+    order = [(weights, 120 * MiB), (pages, 64 * MiB), (weights, 8 * MiB)]
+    rec = ProfileRecorder([warm_dir / "criu", weights], root=warm_dir, interval=0.01, snapshot_id="test").start()
+    for path, off in order:
+        _read(path, off, 2 * MiB)
+        rec.sync()  # accesses seen within one sample have no order: separate them
+    prof = rec.stop()
+    prof_path = prof.save(warm_dir / PROFILE_NAME)
+    loaded = load_profile(prof_path)
+    assert loaded.snapshot_id == "test" and loaded.files["weights.flat"] == weights.stat().st_size
+    firsts = []
+    for path, off in order:
+        rel = os.path.relpath(path, warm_dir)
+        firsts.append(next(i for i, r in enumerate(loaded.ranges)
+                           if r.file == rel and r.offset <= off < r.offset + r.length))
+    assert firsts == sorted(firsts), f"recorded order {firsts} is not the access order"
+
+    # run 2: the warmer issues the profile's ranges first, in the recorded order, then the rest
+    _evict_all(files)
+    w = start_warming([warm_dir / "criu", weights], mode="native", threads=1, profile=prof_path)
+    stats = w.wait()
+    assert stats.profile_used
+    issued = [(r.path, r.offset, r.length) for r in w.issued()]
+    expected = []
+    for path, off, length in loaded.resolve(warm_dir, {f: f.stat().st_size for f in files}):
+        while length:  # the warmer splits ranges into its chunks
+            n = min(length, 8 * MiB)
+            expected.append((path, off, n))
+            off, length = off + n, length - n
+    assert issued[:len(expected)] == expected
+    assert issued[0][0] == weights and issued[0][1] <= 120 * MiB < issued[0][1] + issued[0][2]
+    for f in files:
+        assert_fully_resident(f)
+    os.unlink(prof_path)
+
+
+_TOUCHER = r"""
+import mmap, os, sys, time
+path = sys.argv[1]
+f = open(path, "rb")
+m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+for off in map(int, sys.argv[2:]):
+    for o in range(off, off + (1 << 20), 4096):
+        m[o]
+    print("touched", off, flush=True)
+    sys.stdin.readline()
+"""
+
+
+@retry_on_external_drop
+def test_profile_sees_mmap_accesses_even_when_cached(warm_dir):
+    """The mmap-restored server's accesses are recorded from its page tables, so a file that is
+    already in the page cache (or being warmed) still yields its access order."""
+    pages = warm_dir / "criu" / "pages-1.img"
+    start_warming([pages], mode="native").wait()
+    assert_fully_resident(pages)
+    offsets = [80 * MiB, 16 * MiB, 48 * MiB]
+    rec = ProfileRecorder([pages], root=warm_dir, interval=0.01).start()
+    p = subprocess.Popen([sys.executable, "-c", _TOUCHER, str(pages), *map(str, offsets)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        for _ in offsets:
+            assert p.stdout.readline().startswith("touched")
+            time.sleep(0.7)  # > the recorder's maps refresh (0.5 s): a sample sees this step alone
+            p.stdin.write("\n")
+            p.stdin.flush()
+        prof = rec.stop()
+    finally:
+        p.kill()
+        p.wait()
+    mapped = [r for r in prof.ranges if r.source == "pagemap"]
+    firsts = [next(i for i, r in enumerate(mapped) if r.offset <= off < r.offset + r.length) for off in offsets]
+    assert firsts == sorted(firsts)
+    assert all(r.source == "pagemap" for r in prof.ranges)  # the page cache signal had nothing new
+
+
+@retry_on_external_drop
+def test_cli_warm_status_and_errors(warm_dir, tmp_path):
+    cs = Path(sys.executable).parent / "coldstart"
+    out = subprocess.run([str(cs), "warm", str(warm_dir / "criu"), "--evict", "--json"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    stats = json.loads(out.stdout[out.stdout.index("{"):])
+    assert stats["finished"] and stats["bytes"] == sum(f.stat().st_size for f in (warm_dir / "criu").iterdir())
+    st = subprocess.run([str(cs), "warm", "status", str(warm_dir / "criu")], capture_output=True, text=True)
+    assert st.returncode == 0 and "pages-1.img" in st.stdout.replace("\n", "").replace("│", "").replace(" ", "") and "total" in st.stdout
+    bad = subprocess.run([str(cs), "warm", str(tmp_path / "nope")], capture_output=True, text=True)
+    assert bad.returncode == 1
+    assert bad.stderr.strip().splitlines() == [f"error: {tmp_path / 'nope'}: cannot open for warming: No such file or directory"]
+
+
+@retry_on_external_drop
+def test_bench_warm_writes_results(warm_dir, tmp_path):
+    from coldstart.warm.bench import run_warm_bench
+
+    rows = run_warm_bench(files=[warm_dir / "criu" / "pages-1.img"], size_gib=0, runs=1, out=tmp_path,
+                          modes=["native", "vmtouch"], echo=lambda s: None)
+    assert [r["mode"] for r in rows] == ["native", "vmtouch"]
+    assert all(r["resident_before"] == 0 for r in rows), rows
+    if not all(r["resident_after"] == r["bytes"] for r in rows):
+        assert all(r["resident_after"] >= 0.9 * r["bytes"] for r in rows), rows
+        raise ExternalEviction(str(rows))
+    assert (tmp_path / "warm_bench.md").exists() and (tmp_path / "COMMAND").exists()
+    meta = json.loads((tmp_path / "warm_bench.jsonl").read_text().splitlines()[0])["meta"]
+    assert meta["bandwidth"]["bw_bytes_s"] > 0
