@@ -81,11 +81,11 @@ def panel_specs() -> list[PanelSpec]:
         # --- fallbacks
         PanelSpec("Fallback rate", "stat", "percentunit",
                   "Fallbacks to a cold start per restore attempted.",
-                  [(f"sum({N.FALLBACKS_TOTAL}{{{SEL}}}) / sum({N.RUNS_TOTAL}{{{SEL}, {restore}}})",
+                  [(f"sum({N.FALLBACKS_TOTAL}{{{SEL}, {restore}}}) / sum({N.RUNS_TOTAL}{{{SEL}, {restore}}})",
                     "fallback rate")], "Fallbacks", width=6, instant=True),
         PanelSpec("Fallbacks by reason", "bargauge", "short",
                   "Why restores fell back (the leading category of the reason).",
-                  [(f"sum by ({N.REASON}) ({N.FALLBACKS_TOTAL}{{{SEL}}})", "{{reason}}")],
+                  [(f"sum by ({N.REASON}) ({N.FALLBACKS_TOTAL}{{{SEL}, {restore}}})", "{{reason}}")],
                   "Fallbacks", width=9, instant=True),
         PanelSpec("Runs by kind and outcome", "timeseries", "short",
                   "Runs present, by kind (restore, cold, checkpoint) and outcome (ok, fallback, ...).",

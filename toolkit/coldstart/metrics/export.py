@@ -81,7 +81,7 @@ def _bytes_and_rate(tl: Timeline, end: EventName, phase: str) -> tuple[float | N
     nbytes = _attr_float(e.attrs, "bytes", "nbytes", "total_bytes")
     rate = _attr_float(e.attrs, "bytes_per_s")
     if rate is None:
-        gib = _attr_float(e.attrs, "gib_per_s", "GiB/s")
+        gib = _attr_float(e.attrs, "gib_per_s", "gib_s", "GiB/s")
         rate = gib * GIB if gib is not None else None
     if rate is None and nbytes is not None:
         secs = _attr_float(e.attrs, "seconds") or tl.phases().get(phase)
