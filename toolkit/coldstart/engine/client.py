@@ -122,10 +122,13 @@ class EngineClient:
 
     # --- inference
     def complete(self, prompt: str, max_tokens: int = 16, seed: int = 0, temperature: float = 0.0,
-                 timeout: float | None = None) -> Completion:
-        """Greedy (by default) completion; returns the text and the generated token ids."""
+                 ignore_eos: bool = False, timeout: float | None = None) -> Completion:
+        """Greedy (by default) completion; returns the text and the generated token ids.
+        ``ignore_eos`` makes the length fixed (a canary compares exactly ``max_tokens`` tokens)."""
         body = {"model": self.model(), "prompt": prompt, "max_tokens": max_tokens, "seed": seed,
                 "temperature": temperature, "return_token_ids": True}
+        if ignore_eos:
+            body["ignore_eos"] = True
         data = self._req("POST", "/v1/completions", json=body, timeout=timeout)
         try:
             choice = data["choices"][0]
