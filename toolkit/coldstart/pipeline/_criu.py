@@ -51,7 +51,13 @@ def find(variant: str = "patched") -> str:
 def supports_mmap_pages(criu: str) -> bool:
     """Whether this criu is our patched one (restore maps pages-*.img instead of copying)."""
     try:
-        out = subprocess.run([criu, "restore", "--help"], capture_output=True, text=True, timeout=10)
+        from coldstart.criu.locate import criu_supports_mmap  # cached per binary
+
+        return bool(criu_supports_mmap(Path(criu)))
+    except ImportError:
+        pass
+    try:
+        out = subprocess.run([criu, "--help"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return False
     return "--mmap-pages" in (out.stdout + out.stderr)

@@ -133,8 +133,6 @@ def bench_reload(
             med[method] = statistics.median(xs) if xs else float("nan")
         oks = all(r["canary_ok"] for r in rows if r["cache"] == cache)
         n = len([r for r in rows if r["cache"] == cache and r["method"] == "ours"])
-        gs = nbytes_gib = {m: (rows[0]["bytes"] if rows else 0) for m in ("stock", "ours")}
-        del gs, nbytes_gib
         b = {m: next((r["bytes"] for r in rows if r["method"] == m), 0) / 2**30 for m in ("stock", "ours")}
         lines.append(f"| {cache} | {med['stock']:.3f} | {med['ours']:.3f} | {med['stock'] / med['ours']:.2f}× | "
                      f"{b['stock'] / med['stock']:.2f} | {b['ours'] / med['ours']:.2f} | {n} | {oks} |")

@@ -26,7 +26,7 @@ from coldstart.errors import ColdstartError
 from coldstart.pipeline import _criu, hostfacts
 from coldstart.pipeline.events import EventName, Timeline
 from coldstart.pipeline.manifest import (MANIFEST_NAME, Canary, Manifest, inventory, tree_digest,
-                                         write_manifest)
+                                         sparse_copy, write_manifest)
 
 DEFAULT_CANARY = "The capital of France is"
 SHM = Path("/dev/shm")
@@ -184,7 +184,7 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
         (out / "shm").mkdir()
         for p in shm_files:
             if p.exists():
-                shutil.copy2(p, out / "shm" / p.name)
+                sparse_copy(p, out / "shm" / p.name)  # ~400 MB of mostly zeros: keep the holes
                 shm_taken.append(p)
         remaps = sorted(link_remap_names() - remaps_before)
         if remaps:

@@ -38,7 +38,7 @@ def wrap_argv(argv: list[str], shm_sources: list[Path]) -> list[str]:
     ip = shutil.which("ip") or "ip"
     script = "set -e; {ip} link set lo up; mount -t tmpfs -o mode=1777 tmpfs /dev/shm; ".format(ip=shlex.quote(ip))
     if shm_sources:
-        script += "cp -p -- " + " ".join(shlex.quote(str(p)) for p in shm_sources) + " /dev/shm/; "
+        script += "cp -p --sparse=always -- " + " ".join(shlex.quote(str(p)) for p in shm_sources) + " /dev/shm/; "
     script += "exec " + " ".join(shlex.quote(a) for a in argv)
     return [unshare, "--net", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script]
 

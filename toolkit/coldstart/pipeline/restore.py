@@ -12,6 +12,7 @@ re-parented to us: the entrypoint stays the server's parent, forwards SIGTERM/SI
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import os
 import shutil
 import signal
@@ -25,7 +26,7 @@ from typing import Callable
 from coldstart.errors import ColdstartError
 from coldstart.pipeline import _criu, hostfacts
 from coldstart.pipeline.events import EventName, Timeline
-from coldstart.pipeline.manifest import Manifest, read_manifest, validate_against_host
+from coldstart.pipeline.manifest import Manifest, read_manifest, sparse_copy, validate_against_host
 
 SHM = Path("/dev/shm")
 PR_SET_CHILD_SUBREAPER = 36
@@ -131,26 +132,54 @@ def _prepare_host_state(snap: Path, m: Manifest) -> None:
     for name in m.shm_files:
         src = snap / "shm" / name
         if src.exists():
-            shutil.copy2(src, SHM / name)  # CRIU checks the mode too
+            sparse_copy(src, SHM / name)  # mostly holes; CRIU checks the mode too
     remaps = snap / "link-remaps"
     if remaps.is_dir():
         for src in remaps.iterdir():
             shutil.copy2(src, SHM / src.name)
 
 
-def _start_warming(snap: Path, m: Manifest):
+class _BackgroundWarm:
+    """Imports and starts the warm stage's warmer on a thread, so that its start-up (imports, plan)
+    never delays the restore itself; WARM_START is marked when it really starts."""
+
+    def __init__(self, paths: list[Path], tl: Timeline):
+        import threading
+
+        self.warmer = None
+        self._tl = tl
+        self._t = threading.Thread(target=self._run, args=(paths,), name="coldstart-warm", daemon=True)
+        self._t.start()
+
+    def _run(self, paths: list[Path]) -> None:
+        try:
+            from coldstart.warm import start_warming  # type: ignore[attr-defined]
+
+            self.warmer = start_warming(paths)
+            self._tl.mark(EventName.WARM_START, files=len(paths))
+        except Exception:  # warming is an optimisation: never a reason to fail the restore
+            self.warmer = None
+
+    @property
+    def done(self) -> bool:
+        return self.warmer is not None and bool(getattr(self.warmer, "done", False))
+
+    def wait(self, timeout=None):
+        return self.warmer.wait(timeout) if self.warmer is not None else None
+
+    def cancel(self) -> None:
+        if self.warmer is not None:
+            self.warmer.cancel()
+
+
+def _start_warming(snap: Path, m: Manifest, tl: Timeline) -> _BackgroundWarm | None:
     """Background page-cache warming of the pages images, then the weights file (warm stage)."""
-    try:
-        from coldstart.warm import start_warming  # type: ignore[attr-defined]
-    except ImportError:
+    if importlib.util.find_spec("coldstart.warm") is None:
         return None
     paths = sorted((snap / "criu").glob("pages-*.img"))
     if m.weights.get("flat"):
         paths.append(snap / m.weights["flat"])
-    try:
-        return start_warming(paths)
-    except Exception:  # warming is an optimisation: never a reason to fail the restore
-        return None
+    return _BackgroundWarm(paths, tl)
 
 
 def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) -> RestoreResult:
@@ -170,9 +199,7 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) -
         raise RestoreFailed("snapshot does not fit this host: " + "; ".join(problems))
     tl.mark(EventName.MANIFEST_OK)
 
-    warmer = _start_warming(snap, m) if opts.warm else None
-    if warmer is not None:
-        tl.mark(EventName.WARM_START)
+    warmer = _start_warming(snap, m, tl) if opts.warm else None
 
     net = opts.net
     if net == "auto":
@@ -260,6 +287,7 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) -
         if warmer is not None:
             _finish_warm(warmer, tl)
         tl.mark(EventName.READY, url=base_url, pid=root_pid)
+        tl.events.sort(key=lambda e: e.t)  # WARM_START is marked from the warming thread
         tl.labels["outcome"] = "restored"
         shutil.rmtree(work, ignore_errors=True)
         return RestoreResult(engine=eng, base_url=base_url, timeline=tl, restored=True, canary_ok=True,
