@@ -58,7 +58,8 @@ def restore(snapshot: Path, timeline_out: Path = typer.Option(..., "--timeline-o
     res = do_restore(RestoreOptions(snapshot=snapshot, warm=warm, timeout=timeout), say=lambda s: print(s, flush=True))
     tl = res.timeline
     try:
-        res.engine.stop(timeout=20)
+        stop = getattr(res, "stop", None)  # also closes a private-netns forwarder
+        stop() if stop else res.engine.stop(timeout=20)
     finally:
         tl.write_jsonl(timeline_out)
 
