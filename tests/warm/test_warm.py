@@ -307,3 +307,59 @@ def test_bench_warm_writes_results(warm_dir, tmp_path):
     assert (tmp_path / "warm_bench.md").exists() and (tmp_path / "COMMAND").exists()
     meta = json.loads((tmp_path / "warm_bench.jsonl").read_text().splitlines()[0])["meta"]
     assert meta["bandwidth"]["bw_bytes_s"] > 0
+
+
+@retry_on_external_drop
+def test_restore_records_profile_then_next_restore_follows_it(warm_dir, tmp_path, monkeypatch):
+    """What `coldstart restore` does through start_warming(paths): no profile.json -> record one while
+    the 'restore' (a process mapping the pages image, as the mmap restore does) runs, save it when
+    the restore succeeds (wait); the next start_warming follows it. A failed restore saves nothing."""
+    for k in ("COLDSTART_WARM_MODE", "COLDSTART_WARM_PROFILE", "COLDSTART_WARM_RECORD"):
+        monkeypatch.delenv(k, raising=False)
+    snap = tmp_path / "snap"
+    (snap / "criu").mkdir(parents=True, exist_ok=True)
+    pages = snap / "criu" / "pages-1.img"
+    if not pages.exists():
+        os.link(warm_dir / "criu" / "pages-1.img", pages)  # same data, no extra disk write
+    (snap / "manifest.json").write_text(json.dumps({"model_digest": "abc", "created_at": "now"}))
+    (snap / PROFILE_NAME).unlink(missing_ok=True)
+
+    # a failed restore (cancel): no profile
+    w = start_warming([pages], mode="none")
+    assert hasattr(w, "recorder")
+    w.cancel()
+    assert not (snap / PROFILE_NAME).exists()
+
+    # a successful restore: the access order is recorded from the mapping process's page tables
+    offsets = [72 * MiB, 24 * MiB]
+    w = start_warming([pages], mode="none")
+    p = subprocess.Popen([sys.executable, "-c", _TOUCHER, str(pages), *map(str, offsets)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        for _ in offsets:
+            assert p.stdout.readline().startswith("touched")
+            time.sleep(0.6)  # > the recorder's maps refresh (0.5 s)
+            w.recorder.sync()
+            p.stdin.write("\n")
+            p.stdin.flush()
+        w.wait()
+    finally:
+        p.kill()
+        p.wait()
+    prof = load_profile(snap / PROFILE_NAME)
+    assert prof.snapshot_id == "abc@now"
+    first = next(r for r in prof.ranges)
+    assert first.file == "criu/pages-1.img" and first.offset <= 72 * MiB < first.offset + first.length
+
+    # the next restore follows it, and records nothing new
+    _evict_all([pages])
+    w2 = start_warming([pages], mode="native", threads=1)
+    st = w2.wait()
+    assert not hasattr(w2, "recorder") and st.profile_used
+    assert w2.issued()[0].offset <= 72 * MiB < w2.issued()[0].offset + w2.issued()[0].length
+    assert_fully_resident(pages)
+
+    # a profile of another snapshot (same directory re-made) is not followed
+    (snap / "manifest.json").write_text(json.dumps({"model_digest": "def", "created_at": "later"}))
+    w3 = start_warming([pages], mode="native", record=False)
+    assert not w3.wait().profile_used

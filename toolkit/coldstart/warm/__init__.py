@@ -6,10 +6,11 @@ Warming never raises for a bad file: it records the error and warms the rest.
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from coldstart.warm.base import MiB, NullWarmer, Range, WarmStats, Warmer
-from coldstart.warm.residency import ResidencySampler, evict, resident_bytes
+from coldstart.warm.residency import ResidencySampler, evict, expand_paths, resident_bytes
 
 __all__ = ["start_warming", "make_warmer", "warm_modes", "default_profile", "Warmer", "WarmStats", "Range",
            "ResidencySampler", "resident_bytes", "evict", "MODES"]
@@ -60,12 +61,47 @@ def make_warmer(paths: list[Path] | list[str], *, mode: str = "native", profile:
     raise ColdstartError(f"unknown warming mode {mode!r} (choose from {', '.join(MODES)})")
 
 
-def start_warming(paths: list[Path] | list[str], *, mode: str = "native", profile: Path | None = None,
+def snapshot_id(root: Path) -> str:
+    """Identity of a snapshot for its profile: the manifest's model digest and creation time."""
+    import json
+
+    try:
+        m = json.loads((Path(root) / "manifest.json").read_text())
+        return f"{str(m.get('model_digest', ''))[:16]}@{m.get('created_at', '')}"
+    except (OSError, ValueError, AttributeError):
+        return ""
+
+
+def start_warming(paths: list[Path] | list[str], *, mode: str | None = None, profile: Path | None | str = "auto",
                   order: list[Path] | None = None, threads: int | None = None, progress=None,
-                  **kw) -> Warmer:
+                  record: bool | None = None, **kw) -> Warmer:
     """Start warming ``paths`` (files or directories) in the background and return at once.
 
-    Order: ``profile`` ranges first (if given and readable), then ``order``'s files, then small
-    files, CRIU ``pages-*.img``, ``*.flat`` weights, the rest. Errors land in ``wait().errors``."""
-    return make_warmer(paths, mode=mode, profile=profile, order=order, threads=threads,
-                       progress=progress, **kw).start()
+    Order: ``profile`` ranges first, then ``order``'s files, then small files, CRIU
+    ``pages-*.img``, ``*.flat`` weights, the rest. ``mode`` None = $COLDSTART_WARM_MODE or native.
+    ``profile="auto"``: the snapshot's profile.json when the paths lie in a snapshot directory (one
+    with manifest.json) and its snapshot id matches; ``record`` None = record one when there is
+    none (saved at ``wait()``, dropped at ``cancel()``; see coldstart.warm.snapshot). Never raises
+    for a bad file or profile: errors land in ``wait().errors``."""
+    from coldstart.warm import snapshot as snapmod
+
+    mode = mode or snapmod.env_mode()
+    root = snapmod.snapshot_root(paths)
+    sid = snapshot_id(root) if root is not None else ""
+    if profile == "auto":
+        profile = snapmod.resolve_profile(root)
+        if profile is not None and sid:
+            from coldstart.warm.profile import load_profile
+
+            try:
+                if load_profile(profile).snapshot_id not in ("", sid):
+                    logging.getLogger("coldstart.warm").warning(
+                        "warm: %s was recorded for another snapshot; ignored", profile)
+                    profile = None
+            except Exception:  # noqa: BLE001 - make_plan reports a bad profile in the stats
+                pass
+    w = make_warmer(paths, mode=mode, profile=profile, order=order, threads=threads, progress=progress, **kw)
+    if root is not None and (record if record is not None else snapmod.should_record(root, profile)):
+        return snapmod.RecordingWarmer(w, root, [p for p in expand_paths(list(paths)) if p.is_file()],
+                                        snapshot_id=sid).start()
+    return w.start()

@@ -1,0 +1,126 @@
+"""Warming a snapshot directory at restore: follow its profile.json, or record one.
+
+``start_warming`` finds the snapshot a set of paths belongs to (the nearest ancestor holding
+``manifest.json``). With a ``profile.json`` there, the warm follows it. Without one, a
+``ProfileRecorder`` runs next to the warmer and, when the restore reports success by calling
+``wait()``, the recorded order is saved as ``profile.json`` (atomically) for the next restore.
+A failed restore calls ``cancel()``: nothing is saved, a failed run's access order is no guide.
+
+Environment knobs, for the container entrypoint (one process, no flags to thread through):
+  COLDSTART_WARM_MODE    native (default) | vmtouch | none
+  COLDSTART_WARM_PROFILE auto (default: DIR/profile.json if present) | off | PATH
+  COLDSTART_WARM_RECORD  auto (default: when no profile) | off | force
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+
+from coldstart.warm.base import Range, WarmStats
+from coldstart.warm.profile import PROFILE_NAME, ProfileRecorder
+
+log = logging.getLogger("coldstart.warm")
+
+RECORD_MAX_S = 300.0  # a recorder nobody stops (restore hung) ends here, unsaved
+
+
+def snapshot_root(paths: list[Path] | list[str]) -> Path | None:
+    """The snapshot directory the paths belong to: the nearest ancestor with a manifest.json."""
+    for p in map(Path, paths):
+        p = p.absolute()
+        for d in [p, *p.parents] if p.is_dir() else p.parents:
+            if (d / "manifest.json").is_file():
+                return d
+    return None
+
+
+def env_mode(default: str = "native") -> str:
+    return os.environ.get("COLDSTART_WARM_MODE", default) or default
+
+
+def resolve_profile(root: Path | None) -> Path | None:
+    """The profile to follow under the COLDSTART_WARM_PROFILE policy."""
+    pol = os.environ.get("COLDSTART_WARM_PROFILE", "auto")
+    if pol == "off":
+        return None
+    if pol not in ("auto", ""):
+        return Path(pol)
+    if root is not None and (root / PROFILE_NAME).is_file():
+        return root / PROFILE_NAME
+    return None
+
+
+def should_record(root: Path | None, profile: Path | None) -> bool:
+    pol = os.environ.get("COLDSTART_WARM_RECORD", "auto")
+    if pol == "off" or root is None or not os.access(root, os.W_OK):
+        return False
+    return pol == "force" or profile is None
+
+
+class RecordingWarmer:
+    """A warmer plus a profile recorder; same interface as the warmer it wraps."""
+
+    def __init__(self, warmer, root: Path, paths: list[Path], snapshot_id: str = ""):
+        self.inner = warmer
+        self.mode = warmer.mode
+        self.root = root
+        self.recorder = ProfileRecorder(paths, root=root, warmer=warmer, interval=0.05, snapshot_id=snapshot_id)
+        self.profile_path: Path | None = None
+        self._ended = threading.Lock()
+        self._over = False
+        self._timer = threading.Timer(RECORD_MAX_S, self._discard)
+        self._timer.daemon = True
+
+    def start(self) -> "RecordingWarmer":
+        self.recorder.start()  # baseline before the warmer touches anything
+        self.inner.start()
+        self._timer.start()
+        return self
+
+    def _end(self, save: bool) -> None:
+        with self._ended:
+            if self._over:
+                return
+            self._over = True
+        self._timer.cancel()
+        prof = self.recorder.stop()
+        if not save:
+            return
+        if not prof.ranges:
+            log.info("warm: nothing recorded for a profile (snapshot already in memory?)")
+            return
+        try:
+            self.profile_path = prof.save(self.root / PROFILE_NAME)
+            log.info("warm: recorded access profile %s (%d ranges, %.1f MiB)", self.profile_path,
+                     len(prof.ranges), prof.bytes / 2**20)
+        except OSError as e:
+            log.warning("warm: could not save the access profile in %s: %s", self.root, e)
+
+    def _discard(self) -> None:
+        self._end(save=False)
+
+    def wait(self, timeout: float | None = None) -> WarmStats:
+        """The restore is through: save the recorded profile, then give the warm's stats."""
+        self._end(save=True)
+        return self.inner.wait(timeout)
+
+    def cancel(self) -> None:
+        self._end(save=False)
+        self.inner.cancel()
+
+    @property
+    def done(self) -> bool:
+        return self.inner.done
+
+    @property
+    def stats(self) -> WarmStats:
+        return self.inner.stats
+
+    @property
+    def plan(self):
+        return self.inner.plan
+
+    def issued(self) -> list[Range]:
+        return self.inner.issued()
