@@ -20,6 +20,13 @@ COMMON = ["--shell-job", "--ext-unix-sk", "--tcp-established", "--link-remap", "
 DUMP_ONLY = ["--ghost-limit", "512M", "--skip-in-flight"]
 
 
+def plugin_args() -> list[str]:
+    """``-L DIR`` for CRIU plugins (the CUDA plugin, which drives cuda-checkpoint, on a GPU host:
+    unverified on GPU). COLDSTART_CRIU_PLUGINS names the directory; none on CPU hosts."""
+    d = os.environ.get("COLDSTART_CRIU_PLUGINS")
+    return ["-L", d] if d else []
+
+
 def find(variant: str = "patched") -> str:
     """Absolute path of the criu binary to use (raises ColdstartError naming what is missing)."""
     env = os.environ.get("COLDSTART_CRIU")
@@ -75,7 +82,7 @@ def dump(criu: str, pid: int, images: Path, log_dir: Path, timeout: float = 600)
     images.mkdir(parents=True, exist_ok=True)
     log = log_dir / "dump.log"
     argv = [criu, "dump", "-t", str(pid), "-D", str(images), "-W", str(log_dir), "-o", str(log), "-v4",
-            *COMMON, *DUMP_ONLY]
+            *COMMON, *DUMP_ONLY, *plugin_args()]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     if r.returncode != 0:
         raise ColdstartError(f"criu dump of pid {pid} failed (log {log}): {_log_tail(log) or r.stderr.strip()[-300:]}")
@@ -99,7 +106,7 @@ def restore_argv(criu: str, images: Path, work_dir: Path, pidfile: Path, mmap_pa
     notify.write_text(NOTIFY)
     notify.chmod(0o755)
     argv = [criu, "restore", "-D", str(images), "-W", str(work_dir), "-o", str(work_dir / "restore.log"),
-            "-v4", *COMMON, "--pidfile", str(pidfile), "--action-script", str(notify)]
+            "-v4", *COMMON, "--pidfile", str(pidfile), "--action-script", str(notify), *plugin_args()]
     if mmap_pages:
         argv.append("--mmap-pages")
     return argv

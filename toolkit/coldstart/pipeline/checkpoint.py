@@ -115,8 +115,11 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
     host = hostfacts.collect(criu)
     if not port_free("127.0.0.1", opts.port):
         raise ColdstartError(f"port {opts.port} on 127.0.0.1 is busy (choose another with --port)")
-    sleep = sleep_worker_available() if opts.sleep is None else opts.sleep
-    if sleep and not sleep_worker_available():
+    # GPU host: vLLM's own sleep mode (CuMemAllocator) and the CRIU CUDA plugin (unverified on GPU).
+    device = "cuda" if host.gpu else "cpu"
+    can_sleep = device == "cuda" or sleep_worker_available()
+    sleep = can_sleep if opts.sleep is None else opts.sleep
+    if sleep and not can_sleep:
         raise ColdstartError("sleep requested but coldstart.engine.sleep_worker is not installed")
 
     tl = Timeline.from_container_start("checkpoint", model=model.name)
@@ -127,7 +130,7 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
     published = False
     try:
         spec = EngineSpec(model=model, run_dir=out / "run", port=opts.port, kv_cache_bytes=opts.kv_cache_bytes,
-                          sleep_mode=sleep, extra_args=list(opts.engine_args),
+                          sleep_mode=sleep, extra_args=list(opts.engine_args), device=device,
                           served_model_name=opts.served_model_name)
         say(f"starting vLLM on {spec.base_url} (run dir {spec.run_dir})")
         eng = start_engine(spec, new_pidns=True)
@@ -146,16 +149,17 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
 
         weights: dict = {}
         if sleep:
-            wdir = out / "weights"  # dump_tensors publishes it by rename: must not exist yet
-            res = client.collective_rpc("coldstart_dump_weights", kwargs={"out_dir": str(wdir)})
-            weights = _weights_entry(out, wdir, res)
-            tl.mark(EventName.WEIGHTS_DUMPED, bytes=weights["bytes"])
-            say(f"weights dumped: {weights['flat']} ({weights['bytes'] / 2**20:.1f} MiB)")
+            if device == "cpu":
+                wdir = out / "weights"  # dump_tensors publishes it by rename: must not exist yet
+                res = client.collective_rpc("coldstart_dump_weights", kwargs={"out_dir": str(wdir)})
+                weights = _weights_entry(out, wdir, res)
+                tl.mark(EventName.WEIGHTS_DUMPED, bytes=weights["bytes"])
+                say(f"weights dumped: {weights['flat']} ({weights['bytes'] / 2**20:.1f} MiB)")
             # Rehearsal (as vLLM's snapshot does): the exact wake + reload the restore will run must
             # give the canary back before the snapshot is published.
             client.sleep(level=2)
             client.wake_up(["weights"])
-            client.collective_rpc("coldstart_reload", kwargs={"path": str(out / weights["dir"])})
+            reload_weights(client, out, weights)
             client.wake_up(["kv_cache"])
             rehearsal = client.complete(opts.canary_prompt, max_tokens=opts.canary_tokens, seed=0)
             if rehearsal.token_ids != canary.token_ids:
@@ -201,7 +205,7 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
             served_model_name=opts.served_model_name or str(model),
             engine_args=list(opts.engine_args), host=host.to_dict(), canary=canary, files=files,
             port=opts.port, host_addr=spec.host, run_dir=str(spec.run_dir), criu_variant=opts.criu_variant,
-            pids=pids, weights=weights, shm_files=[p.name for p in shm_files], log_sizes=log_sizes,
+            device=device, asleep=sleep, pids=pids, weights=weights, shm_files=[p.name for p in shm_files], log_sizes=log_sizes,
             created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         )
         m.timings = {e.name: e.t for e in tl.events}
@@ -213,6 +217,11 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
         published = True
         say(f"published {out}")
         return m, tl
+    except ColdstartError as e:
+        kept = _keep_log(out)
+        if kept:
+            raise ColdstartError(f"{e} [server log kept at {kept}]") from e
+        raise
     finally:
         if not published:
             if eng is not None and eng.alive():
@@ -227,6 +236,27 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
             (out.parent / f".{out.name}.lock").unlink()
         except OSError:
             pass
+
+
+def _keep_log(out: Path) -> Path | None:
+    """Copy the server log out of a failed checkpoint's directory (which is removed) for diagnosis."""
+    import tempfile
+
+    src = out / "run" / "server.log"
+    if not src.is_file():
+        return None
+    fd, dst = tempfile.mkstemp(prefix=f"coldstart-checkpoint-{out.name}-", suffix=".log")
+    os.close(fd)
+    shutil.copyfile(src, dst)
+    return Path(dst)
+
+
+def reload_weights(client, snap: Path, weights: dict):
+    """Refill the woken weights in place: our loader from the snapshot's flat file (CPU sleep
+    worker), else vLLM's own ``reload_weights`` from the model (GPU path: unverified on GPU)."""
+    if weights.get("dir"):
+        return client.collective_rpc("coldstart_reload", kwargs={"path": str(snap / weights["dir"])})
+    return client.collective_rpc("reload_weights")
 
 
 def _weights_entry(out: Path, wdir: Path, rpc_result) -> dict:

@@ -49,6 +49,8 @@ class Manifest:
     host_addr: str = "127.0.0.1"
     run_dir: str = ""  # the engine's run dir: the restored process reopens files here, same path
     criu_variant: str = "patched"
+    device: str = "cpu"  # cpu (our sleep worker) | cuda (vLLM's CuMemAllocator; unverified on GPU)
+    asleep: bool = False  # dumped at sleep level 2: the restore must wake + reload the weights
     pids: list[int] = field(default_factory=list)  # the dumped tree, root first
     weights: dict[str, Any] = field(default_factory=dict)  # {"flat": rel, "index": rel, "bytes": n}
     shm_files: list[str] = field(default_factory=list)  # /dev/shm names saved under shm/

@@ -243,7 +243,7 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) -
     tl.mark(EventName.RESTORE_DONE, pid=root_pid)
 
     spec = EngineSpec(model=Path(m.model), run_dir=Path(m.run_dir), port=m.port, host=m.host_addr,
-                      sleep_mode=bool(m.weights), extra_args=list(m.engine_args),
+                      sleep_mode=m.asleep or bool(m.weights), extra_args=list(m.engine_args), device=m.device,
                       served_model_name=m.served_model_name)
     eng = EngineProcess.attach(spec, root_pid, popen=popen, new_pidns=True)
     fwd = None
@@ -268,11 +268,13 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) -
                 raise RestoreFailed(f"the restored server did not answer /health within {opts.timeout:.0f} s")
             time.sleep(0.02)
         tl.mark(EventName.SERVER_UP)
-        if m.weights:
+        if m.asleep or m.weights:
+            from coldstart.pipeline.checkpoint import reload_weights
+
             client.wake_up(["weights"])
             tl.mark(EventName.WAKE_WEIGHTS)
             t = time.monotonic()
-            client.collective_rpc("coldstart_reload", kwargs={"path": str(snap / m.weights["dir"])})
+            reload_weights(client, snap, m.weights)
             dt = time.monotonic() - t
             nbytes = int(m.weights.get("bytes", 0))
             tl.mark(EventName.WEIGHTS_LOADED, bytes=nbytes, gib_s=round(nbytes / 2**30 / dt, 3) if dt else 0)
@@ -284,9 +286,9 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) -
                                 f"the snapshot recorded {m.canary.text!r}")
         tl.mark(EventName.CANARY_OK)
         tl.mark(EventName.FIRST_TOKEN)
+        tl.mark(EventName.READY, url=base_url, pid=root_pid)
         if warmer is not None:
             _finish_warm(warmer, tl)
-        tl.mark(EventName.READY, url=base_url, pid=root_pid)
         tl.events.sort(key=lambda e: e.t)  # WARM_START is marked from the warming thread
         tl.labels["outcome"] = "restored"
         shutil.rmtree(work, ignore_errors=True)
@@ -307,7 +309,7 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) -
 
 def _finish_warm(warmer, tl: Timeline) -> None:
     try:
-        if getattr(warmer, "done", False):
+        if warmer.done:  # still running: it goes on in the background, unreported
             st = warmer.wait(0)
             tl.mark(EventName.WARM_DONE, bytes=getattr(st, "bytes", 0))
     except Exception:
