@@ -80,7 +80,10 @@ def test_layout(flat, src):
 @pytest.mark.parametrize("o_direct", [False, True])
 def test_roundtrip_bit_exact(flat, src, mode, verify, o_direct):
     dest = _fresh(src)
-    stats = load_into(flat, dest, threads=3, chunk_bytes=64 * KIB, buffers=2, verify=verify, direct=o_direct, mode=mode)
+    seen: list[tuple[int, int]] = []
+    stats = load_into(flat, dest, threads=3, chunk_bytes=64 * KIB, buffers=2, verify=verify, direct=o_direct, mode=mode,
+                      progress=lambda done, total: seen.append((done, total)))
+    assert max(seen) == (stats.bytes, stats.bytes)
     for k, v in src.items():
         assert dest[k].dtype == v.dtype and _raw(dest[k]) == _raw(v), k
     assert stats.bytes == sum(v.numel() * v.element_size() for v in src.values())

@@ -257,10 +257,10 @@ class _Loader:
                 shadow = torch.empty(t.shape, dtype=t.dtype, device=t.device)
                 self.targets.append(shadow)
                 self.post.append((t, shadow))
-        devices = {t.device.type for t in self.targets}
-        if len(devices) > 1:
-            raise ColdstartError(f"destination tensors are on several device types ({', '.join(sorted(devices))})")
-        self.device = devices.pop() if devices else "cpu"
+        devices = {str(t.device) for t in self.targets}
+        if len(devices) > 1:  # load_into splits by device before building loaders
+            raise ColdstartError(f"destination tensors are on several devices ({', '.join(sorted(devices))})")
+        self.device = self.targets[0].device.type if self.targets else "cpu"
         if mode == "auto":
             mode = "direct" if self.device == "cpu" else "staged"
         if mode not in ("direct", "staged"):
@@ -460,6 +460,10 @@ class _Loader:
             pool.close()
             for t in ths:
                 t.join()
+            try:
+                copier.finish()
+            except Exception:  # noqa: BLE001 - the first error is the one to report
+                pass
             raise
         for t in ths:
             t.join()
@@ -498,6 +502,9 @@ class CudaCopier:
         self.torch = torch
         self.device = device
         self.stream = torch.cuda.Stream(device=device)
+        # the destinations may have just been (re)allocated or zeroed on the current stream
+        self.stream.wait_stream(torch.cuda.current_stream(device))
+        self.registered: list[int] = []
 
     def host_buffer(self, n: int):
         buf = self.torch.empty(n, dtype=self.torch.uint8, pin_memory=True)
@@ -507,7 +514,8 @@ class CudaCopier:
             rc = self.torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), n, 0)
             if int(rc) != 0:
                 raise ColdstartError(f"cudaHostRegister failed ({rc})")
-            buf._coldstart_mmap = m  # keep the mapping alive
+            self.registered.append(buf.data_ptr())
+            buf._coldstart_mmap = m  # keep the mapping alive as long as the tensor
         return buf
 
     def host_view(self, buf) -> memoryview:
@@ -523,7 +531,11 @@ class CudaCopier:
         return ev
 
     def finish(self) -> None:
+        """Wait for every copy (also on errors: no DMA may outlive its host buffer)."""
         self.stream.synchronize()
+        for ptr in self.registered:
+            self.torch.cuda.cudart().cudaHostUnregister(ptr)
+        self.registered.clear()
 
 
 def make_copier(device_type: str, targets):
@@ -556,8 +568,40 @@ def load_into(
     t_start = time.perf_counter()
     index = flat if isinstance(flat, FlatIndex) else read_index(flat)
     pairs = check_dest(index, dest, strict)
-    ld = _Loader(index, pairs, threads=threads, chunk_bytes=chunk_bytes, buffers=buffers, verify=verify,
-                 direct=direct, progress=progress, mode=mode)
+    groups: dict[str, list] = {}
+    for e, t in pairs:  # one loader per device (CPU: direct; each GPU: staged through its own stream)
+        groups.setdefault(str(t.device), []).append((e, t))
+    total = sum(e.nbytes for e, _ in pairs)
+    parts: list[LoadStats] = []
+    base = 0
+    for g in groups.values() or [[]]:
+        prog = progress
+        if progress is not None and len(groups) > 1:
+            prog = (lambda b: lambda done, _t: progress(b + done, total))(base)
+        parts.append(_load_group(index, g, threads=threads, chunk_bytes=chunk_bytes, buffers=buffers, verify=verify,
+                                 direct=direct, progress=prog, mode=mode))
+        base += parts[-1].bytes
+    st = parts[0]
+    if len(parts) > 1:
+        for p in parts[1:]:
+            st.bytes += p.bytes
+            st.tensors += p.tensors
+            st.read_s += p.read_s
+            st.copy_s += p.copy_s
+            st.verify_s += p.verify_s
+            st.wait_s += p.wait_s
+            st.notes += p.notes
+            st.phases = {k: round(st.phases.get(k, 0) + v, 6) for k, v in p.phases.items()}
+        st.mode = "+".join(p.mode for p in parts)
+        st.device = "+".join(p.device for p in parts)
+    st.seconds = time.perf_counter() - t_start
+    st.gib_per_s = st.bytes / st.seconds / 2**30 if st.seconds > 0 else 0.0
+    return st
+
+
+def _load_group(index: FlatIndex, pairs, **kw) -> LoadStats:
+    t_start = time.perf_counter()
+    ld = _Loader(index, pairs, **kw)
     t_plan = time.perf_counter()
     if ld.mode == "direct":
         ld.run_direct()
@@ -569,12 +613,14 @@ def load_into(
     t_io = time.perf_counter()
     for t, shadow in ld.post:
         t.copy_(shadow)
+    if ld.post and ld.device == "cuda":
+        ld.torch.cuda.synchronize()
     t_end = time.perf_counter()
     secs = t_end - t_start
     return LoadStats(
         bytes=ld.total, seconds=secs, gib_per_s=(ld.total / secs / 2**30) if secs > 0 else 0.0, tensors=len(pairs),
         mode=ld.mode, device=ld.device, threads=ld.threads, chunk_bytes=ld.chunk_bytes,
-        buffers=ld.nbuffers if ld.mode == "staged" else 0, verify=verify, o_direct=ld.o_direct,
+        buffers=ld.nbuffers if ld.mode == "staged" else 0, verify=kw["verify"], o_direct=ld.o_direct,
         phases={"plan": round(t_plan - t_start, 6), "io": round(t_io - t_plan, 6), "finalize": round(t_end - t_io, 6)},
         read_s=ld.read_s, copy_s=ld.copy_s, verify_s=ld.verify_s, wait_s=ld.wait_s, notes=ld.notes,
     )
