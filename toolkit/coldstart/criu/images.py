@@ -45,8 +45,8 @@ def _varint(buf: bytes, i: int) -> tuple[int, int]:
         shift += 7
 
 
-def _pid_ppid(msg: bytes) -> tuple[int | None, int | None]:
-    """Fields 1 (pid) and 2 (ppid) of a PstreeEntry; other fields are skipped by wire type."""
+def _ints(msg: bytes) -> dict[int, int]:
+    """The varint fields of a protobuf message (last value wins); other wire types are skipped."""
     out: dict[int, int] = {}
     i = 0
     while i < len(msg):
@@ -54,8 +54,7 @@ def _pid_ppid(msg: bytes) -> tuple[int | None, int | None]:
         num, wt = key >> 3, key & 7
         if wt == 0:
             v, i = _varint(msg, i)
-            if num in (1, 2):
-                out[num] = v
+            out[num] = v
         elif wt == 2:
             n, i = _varint(msg, i)
             i += n
@@ -65,7 +64,70 @@ def _pid_ppid(msg: bytes) -> tuple[int | None, int | None]:
             i += 8
         else:
             raise ValueError(f"unexpected wire type {wt}")
-    return out.get(1), out.get(2)
+        if i > len(msg):
+            raise ValueError("field runs past the end of the entry")
+    return out
+
+
+def _pid_ppid(msg: bytes) -> tuple[int | None, int | None]:
+    f = _ints(msg)
+    return f.get(1), f.get(2)
+
+
+def _entries(path: Path) -> list[bytes]:
+    """The length-prefixed protobuf entries of a CRIU image file (after its magic)."""
+    data = path.read_bytes()
+    if len(data) < 8:
+        raise ColdstartError(f"{path}: too short to be a CRIU image ({len(data)} bytes)")
+    (m0,) = struct.unpack_from("<I", data, 0)
+    i = 8 if m0 in (IMG_COMMON_MAGIC, IMG_SERVICE_MAGIC) else 4
+    out: list[bytes] = []
+    while i < len(data):
+        if i + 4 > len(data):
+            raise ColdstartError(f"{path}: truncated entry header at byte {i}")
+        (n,) = struct.unpack_from("<I", data, i)
+        i += 4
+        if i + n > len(data):
+            raise ColdstartError(f"{path}: truncated entry at byte {i} (wants {n} bytes)")
+        out.append(data[i : i + n])
+        i += n
+    return out
+
+
+PE_PARENT, PE_LAZY, PE_PRESENT = 1, 2, 4
+
+
+def check_pages(images_dir: str | Path) -> int:
+    """Check every pages-N.img holds exactly the bytes its pagemap promises; returns the total.
+
+    Why: stock CRIU 4.2.1's restorer spins forever on a short pages image (preadv keeps
+    returning 0), and a mapped short image would SIGBUS the restored process later. A size
+    check costs a few small reads and turns both into one clear error before anything runs.
+    """
+    d = Path(images_dir)
+    total = 0
+    for pm in sorted(d.glob("pagemap-*.img")):
+        try:
+            entries = [_ints(e) for e in _entries(pm)]
+        except ValueError as e:
+            raise ColdstartError(f"{pm}: corrupt entry: {e}") from None
+        if not entries:
+            raise ColdstartError(f"{pm}: empty pagemap")
+        pages_id = entries[0].get(1, 0)
+        want = 0
+        for e in entries[1:]:
+            flags = e.get(4)
+            present = (flags & PE_PRESENT and not flags & PE_PARENT) if flags is not None else not e.get(3, 0)
+            if present:
+                want += e.get(5, e.get(2, 0)) * 4096  # nr_pages (5), else compat_nr_pages (2)
+        pages = d / f"pages-{pages_id}.img"
+        have = pages.stat().st_size if pages.exists() else -1
+        if have != want:
+            what = "missing" if have < 0 else f"{have} bytes"
+            raise ColdstartError(f"{pages} does not match {pm.name}: {what}, the pagemap says {want} bytes "
+                                 "(truncated or corrupt image)")
+        total += want
+    return total
 
 
 def read_pstree(path: Path) -> list[tuple[int, int]]:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from coldstart.criu import logs
 from coldstart.criu._common import resolve_criu, shared_flags
-from coldstart.criu.images import image_facts
+from coldstart.criu.images import check_pages, image_facts
 from coldstart.errors import ColdstartError
 
 _NOTIFY = """#!/bin/sh
@@ -111,6 +111,18 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def inner_pid(pid: int) -> int | None:
+    """`pid` as seen from its own (innermost) PID namespace (last NSpid field)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 def alive(pid: int) -> bool:
     """True if `pid` exists and is not a zombie."""
     try:
@@ -172,6 +184,7 @@ def restore(images_dir: str | Path, opts: RestoreOptions | None = None) -> Resto
     opts = opts or RestoreOptions()
     images = Path(images_dir).absolute()
     facts = image_facts(images)
+    check_pages(images)
     criu = resolve_criu(opts.variant, opts.criu_path)
     if opts.mmap_pages is not None:
         _require_mmap(criu)
@@ -192,16 +205,17 @@ def restore(images_dir: str | Path, opts: RestoreOptions | None = None) -> Resto
 
     t0 = time.monotonic()
     if not (opts.pidns or not opts.detach):
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True, env=env)
         try:
-            proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                  timeout=opts.timeout, env=env)
+            _, err = proc.communicate(timeout=opts.timeout)
         except subprocess.TimeoutExpired:
-            _cleanup_after_failure(work, facts.pids, None)
+            _cleanup_after_failure(work, facts.pids, proc)
             raise ColdstartError(f"criu restore of {images} timed out after {opts.timeout:.0f} s") from None
         seconds = time.monotonic() - t0
         if proc.returncode != 0:
             _cleanup_after_failure(work, facts.pids, None)
-            raise ColdstartError(_failure(images, log, proc.stderr))
+            raise ColdstartError(_failure(images, log, err))
         pid = _read_pid(work)
         return RestoreResult(pid=pid, ns_pid=pid, seconds=seconds, images_dir=images, log_path=log, criu=criu,
                              mmap_pages=opts.mmap_pages, pidns=False, process=None)
@@ -225,7 +239,8 @@ def restore(images_dir: str | Path, opts: RestoreOptions | None = None) -> Resto
     if opts.pidns:
         # unshare -> criu (PID 1 inside) -> restored root
         inits = children(popen.pid)
-        roots = children(inits[0]) if inits else []
+        # criu's children: the restored root, and maybe the action-script shell still exiting
+        roots = [c for c in (children(inits[0]) if inits else []) if inner_pid(c) == ns_pid]
         if len(roots) != 1:
             _cleanup_after_failure(work, facts.pids, popen)
             raise ColdstartError(f"restored tree of {images} not found under criu (children: {roots})")
@@ -278,7 +293,7 @@ def _cleanup_after_failure(work: Path, dumped_pids: list[int], popen: subprocess
         pid = int((work / "restored.pid").read_text().strip())
     except (OSError, ValueError):
         pid = None
-    if pid is not None and popen is None and pid in dumped_pids:
+    if pid is not None and pid in dumped_pids and alive(pid) and not victims:
         tree = [pid] + descendants(pid)
         for p in tree:
             _kill(p)

@@ -1,0 +1,106 @@
+"""Bad input gives one clear line and leaves nothing behind (no half image, no half process)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from coldstart.criu.dump import DumpOptions, dump
+from coldstart.criu.restore import restore
+from coldstart.errors import ColdstartError
+
+from .conftest import DUMP, copy_images, marked, ropts, wait_until
+
+
+def _damage(images, how: str) -> None:
+    if how == "pagemap-magic":
+        p = sorted(images.glob("pagemap-*.img"))[0]
+        with open(p, "r+b") as f:
+            f.write(b"\xde\xad\xbe\xef")
+    elif how == "pagemap-truncated":
+        p = sorted(images.glob("pagemap-*.img"))[0]
+        os.truncate(p, p.stat().st_size - 5)
+    elif how == "pages-truncated":
+        p = sorted(images.glob("pages-*.img"))[0]
+        os.truncate(p, p.stat().st_size // 2)
+    else:
+        raise AssertionError(how)
+
+
+@pytest.mark.parametrize("how", ["pagemap-magic", "pagemap-truncated", "pages-truncated"])
+def test_damaged_image_fails_clearly(mem64, tmp_path, restore_mode, how):
+    images = copy_images(mem64.images, tmp_path / "images")
+    _damage(images, how)
+    marker = str(mem64.ctl.dir)
+    assert not marked(marker)
+    with pytest.raises(ColdstartError) as e:
+        restore(images, ropts(restore_mode, work_dir=tmp_path / "work"))
+    msg = str(e.value)
+    assert msg.startswith(f"criu restore of {images} failed: ")
+    assert "\n" not in msg and len(msg) < 800, msg
+    assert "(full log: " in msg
+    # nothing half-restored keeps running (give the kernel a moment to reap)
+    assert wait_until(lambda: not marked(marker), 10), marked(marker)
+
+
+def test_restore_refuses_when_pid_taken(mem64, bins, tmp_path):
+    """Without --pidns a taken root pid is reported before criu runs."""
+    from coldstart.criu.images import image_facts
+
+    root = image_facts(mem64.images).root_pid
+    if os.path.exists(f"/proc/{root}"):
+        pytest.skip("pid reused by something else")
+    # nothing holds the pid: the check must not fire spuriously
+    r = restore(mem64.images, ropts("stock"))
+    try:
+        with pytest.raises(ColdstartError, match="in use on this host"):
+            restore(mem64.images, ropts("stock"))
+    finally:
+        r.kill()
+
+
+IO_URING_PROG = r"""
+import ctypes, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+params = ctypes.create_string_buffer(120)
+fd = libc.syscall(425, 4, params)   # io_uring_setup: CRIU cannot dump io_uring
+print(fd, flush=True)
+time.sleep(600)
+"""
+
+
+def test_dump_failure_leaves_no_image_and_names_the_problem(tmp_path):
+    p = subprocess.Popen([sys.executable, "-c", IO_URING_PROG], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    try:
+        fd = int(p.stdout.readline())
+        if fd < 0:
+            pytest.skip("io_uring disabled on this host")
+        target = tmp_path / "out" / "images"
+        with pytest.raises(ColdstartError) as e:
+            dump(p.pid, target, DumpOptions(**DUMP))
+        msg = str(e.value)
+        assert msg.startswith(f"criu dump of pid {p.pid} failed: ") and "\n" not in msg, msg
+        assert not target.exists()
+        assert [x.name for x in target.parent.iterdir() if "staging" in x.name] == []
+        time.sleep(0.2)
+        assert p.poll() is None  # CRIU resumed the tree after the failed dump
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_dump_refuses_existing_dir_and_missing_pid(tmp_path):
+    (tmp_path / "x").mkdir()
+    with pytest.raises(ColdstartError, match="already exists"):
+        dump(os.getpid(), tmp_path / "x")
+    with pytest.raises(ColdstartError, match="no process"):
+        dump(2**22 + 7, tmp_path / "y")
+
+
+def test_restore_of_non_image_dir(tmp_path):
+    with pytest.raises(ColdstartError, match="not a CRIU image directory"):
+        restore(tmp_path)
