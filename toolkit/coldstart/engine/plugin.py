@@ -22,7 +22,8 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-log = logging.getLogger("coldstart.engine.plugin")
+# a child of vLLM's logger, so the lines land in the server log with vLLM's format and level
+log = logging.getLogger("vllm.coldstart.plugin")
 
 FLAT_FILE = "weights.flat"
 FLAT_INDEX = "weights.index.json"

@@ -36,7 +36,7 @@ from vllm.v1.worker.cpu_worker import CPUWorker
 
 from coldstart.engine.plugin import decode_arg, find_flat_dir, model_tensors
 
-log = logging.getLogger("coldstart.engine.sleep_worker")
+log = logging.getLogger("vllm.coldstart.sleep_worker")  # into the server log
 
 MADV_DONTNEED = 4
 PAGE = mmap.PAGESIZE

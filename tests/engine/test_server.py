@@ -1,0 +1,135 @@
+"""Engine behaviour against a real vLLM-CPU server (tiny model): serving, PID namespace, no io_uring,
+real sleep on CPU, in-place reload, the `coldstart` load format and a clean stop."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import psutil
+import pytest
+
+from coldstart.engine.client import EngineClient
+from coldstart.engine.launcher import EngineSpec, find_worker_pid, free_port, host_pid, start_engine
+from coldstart.errors import ColdstartError
+
+
+def _nspids(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("NSpid:"):
+                return [int(x) for x in line.split()[1:]]
+    return []
+
+
+def _complete(client: EngineClient, prompt: str):
+    return client.complete(prompt, max_tokens=16, seed=0, ignore_eos=True)
+
+
+def test_serves_deterministically(engine_server, canary, canary_prompt):
+    _, client = engine_server
+    assert len(canary.token_ids) == 16
+    assert _complete(client, canary_prompt) == canary
+    assert _complete(client, canary_prompt) == canary
+
+
+def test_tree_in_own_pid_namespace(engine_server):
+    eng, client = engine_server
+    pids = eng.pids()
+    assert len(pids) >= 3  # API server, EngineCore, Worker (+ resource tracker)
+    assert _nspids(eng.root_pid)[-1] == 1  # the API server is the namespace's init
+    worker = find_worker_pid(eng)
+    assert psutil.Process(worker).cmdline()[0].startswith("VLLM::Worker")
+    state = client.collective_rpc("coldstart_state")[0]
+    assert host_pid(state["pid"], pids) == worker
+
+
+def test_no_io_uring_in_the_tree(engine_server):
+    eng, _ = engine_server
+    for pid in eng.pids():
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            assert "io_uring" not in target, f"pid {pid} holds an io_uring fd"
+
+
+def test_sleep_level2_frees_weights_and_reload_restores(engine_server, canary, canary_prompt, flat_dump):
+    eng, client = engine_server
+    worker = psutil.Process(find_worker_pid(eng))
+    weights = client.collective_rpc("coldstart_weights_bytes")[0]
+    assert weights > 0
+    rss_awake = worker.memory_info().rss
+    client.sleep(2)
+    assert client.is_sleeping()
+    rss_asleep = worker.memory_info().rss
+    last = client.collective_rpc("coldstart_state")[0]["last"]
+    print(f"worker RSS awake {rss_awake / 2**20:.1f} MiB, asleep {rss_asleep / 2**20:.1f} MiB, "
+          f"weights {weights / 2**20:.1f} MiB, {last}")
+    assert rss_awake - rss_asleep >= weights
+    assert last["weights_released"] >= 0.95 * weights
+
+    # without a reload the weights read back as zeros: the output differs
+    client.wake_up(["weights"])
+    client.wake_up(["kv_cache"])
+    assert not client.is_sleeping()
+    assert _complete(client, canary_prompt).token_ids != canary.token_ids
+
+    # the restore order: sleep -> wake weights -> fast reload in place -> wake KV -> identical output
+    client.sleep(2)
+    client.wake_up(["weights"])
+    stats = client.collective_rpc("coldstart_reload", args=[str(flat_dump)])[0]
+    assert stats["bytes"] >= weights
+    client.wake_up(["kv_cache"])
+    assert _complete(client, canary_prompt) == canary
+
+
+def test_sleep_level1_keeps_weights(engine_server, canary, canary_prompt):
+    _, client = engine_server
+    client.sleep(1)
+    last = client.collective_rpc("coldstart_state")[0]["last"]
+    assert last["level"] == 1 and last["weights_released"] == 0
+    assert last["kv_released"] >= 0.95 * last["kv_bytes"] > 0
+    client.wake_up()
+    assert _complete(client, canary_prompt) == canary
+
+
+def test_stock_reload_weights_after_sleep(engine_server, canary, canary_prompt, tiny_model_dir):
+    """vLLM's own reload_weights (safetensors) refills our worker in place too (the benchmark's baseline)."""
+    _, client = engine_server
+    client.sleep(2)
+    client.wake_up()
+    res = client.collective_rpc("reload_weights", kwargs={"weights_path": str(tiny_model_dir)})
+    assert res[0]["seconds_rpc"] > 0
+    assert _complete(client, canary_prompt) == canary
+
+
+def test_client_errors_name_the_endpoint(engine_server):
+    _, client = engine_server
+    with pytest.raises(ColdstartError, match="/no_such_endpoint"):
+        client._req("GET", "/no_such_endpoint")
+    with pytest.raises(ColdstartError, match="/v1/models"):
+        EngineClient(f"http://127.0.0.1:{free_port()}", timeout=2).models()
+
+
+def test_load_format_coldstart_and_clean_stop(tiny_model_dir, flat_dump, canary, canary_prompt, tmp_path):
+    """A second server loading from the flat dump (--load-format coldstart) answers exactly like the
+    safetensors-loaded one; stop() leaves no process and none of its /dev/shm files."""
+    spec = EngineSpec(model=tiny_model_dir, run_dir=tmp_path / "run", port=free_port(), kv_cache_bytes=32 << 20,
+                      load_format="coldstart",
+                      extra_args=["--model-loader-extra-config", json.dumps({"flat_dir": str(flat_dump)})])
+    eng = start_engine(spec)
+    try:
+        eng.wait_ready(timeout=900)
+        client = EngineClient(spec.base_url)
+        assert _complete(client, canary_prompt) == canary
+        assert "coldstart: loaded weights from" in spec.log_path.read_text()
+        pids = eng.pids()
+        shm = eng.shm_paths()
+        assert len(pids) >= 3
+    finally:
+        eng.stop()
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert eng.popen.poll() is not None
+    assert not [p for p in shm if p.exists()]
