@@ -141,9 +141,11 @@ def build_dashboard():
             .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED))
 
     current_row = None
-    for i, p in enumerate(panel_specs()):
+    next_id = 1  # Grafana wants unique panel ids (rows included)
+    for p in panel_specs():
         if p.row != current_row:
-            b = b.with_row(dashboard.Row(p.row))
+            b = b.with_row(dashboard.Row(p.row).id(next_id))
+            next_id += 1
             current_row = p.row
         targets = []
         for j, (expr, legend) in enumerate(p.queries):
@@ -160,8 +162,9 @@ def build_dashboard():
             pb = (bargauge.Panel().orientation(cm.VizOrientation.HORIZONTAL)
                   .display_mode(cm.BarGaugeDisplayMode.GRADIENT)
                   .reduce_options(common.ReduceDataOptions().calcs(["lastNotNull"])))
-        pb = (pb.title(p.title).description(p.description).unit(p.unit).datasource(ds)
+        pb = (pb.id(next_id).title(p.title).description(p.description).unit(p.unit).datasource(ds)
               .targets(targets).height(8).span(p.width))
+        next_id += 1
         b = b.with_panel(pb)
     return b.build()
 
