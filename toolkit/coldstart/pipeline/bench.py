@@ -63,8 +63,10 @@ def _host_line() -> str:
     from coldstart.pipeline import hostfacts
 
     h = hostfacts.collect()
-    return (f"Host: {h.cpu_model}, {os.cpu_count()} cores, kernel {h.kernel}, vLLM {h.vllm}, torch {h.torch}. "
-            "CPU-measured; unverified on GPU.")
+    la = os.getloadavg()
+    return (f"Host: {h.cpu_model}, {os.cpu_count()} cores, kernel {h.kernel}, vLLM {h.vllm}, torch {h.torch}; "
+            f"load average at the end of the run {la[0]:.1f}/{la[1]:.1f}/{la[2]:.1f} (shared machine: other "
+            "stages' builds and servers ran meanwhile). CPU-measured; unverified on GPU.")
 
 
 def bench_reload(
