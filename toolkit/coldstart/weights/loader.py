@@ -32,6 +32,7 @@ from coldstart.weights.format import FlatIndex, TensorEntry, align_up, hasher, r
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
 DIRECT_IO_ALIGN = 4096
+BOUNCE_BYTES = 8 << 20  # O_DIRECT into unaligned tensors: per-thread bounce buffer, reads of this size
 
 
 @dataclass
@@ -209,13 +210,17 @@ def _bytes_view(t):
     return t.reshape(-1).view(torch.uint8)
 
 
-def _preadv_full(fd: int, views: list, offset: int, what: Callable[[], str]) -> int:
-    """preadv until every view is full; a short file is a truncated dump."""
+def _preadv_full(fd: int, views: list, offset: int, what: Callable[[], str], need: int | None = None) -> int:
+    """preadv until every view is full (or, at end of file, at least ``need`` bytes were read: an
+    O_DIRECT read rounded up past the end); a short file is a truncated dump."""
     total = sum(len(v) for v in views)
+    need = total if need is None else need
     done = 0
     while done < total:
         n = os.preadv(fd, views, offset + done)
         if n <= 0:
+            if done >= need:
+                return done
             raise ColdstartError(f"weights file ended early while reading {what()} (truncated dump?)")
         done += n
         if done < total:  # short read: advance the iovecs
@@ -242,12 +247,15 @@ class _Loader:
         self.torch = torch
         self.index = index
         self.entries = [e for e, _ in pairs]
+        self.notes: list[str] = []
         self.threads = max(1, threads)
         self.verify = verify
         self.o_direct = direct
+        if direct and index.alignment < DIRECT_IO_ALIGN:
+            self.notes.append(f"dump alignment {index.alignment} < {DIRECT_IO_ALIGN}: buffered reads used")
+            self.o_direct = False
         self.progress = progress
         self.digest = hasher(index.digest_algo) if verify else None
-        self.notes: list[str] = []
         # non-contiguous destinations are loaded into a contiguous shadow, copied back at the end
         self.targets, self.post = [], []
         for _, t in pairs:
@@ -357,17 +365,26 @@ class _Loader:
             if self.verify:
                 for s in piece.segments:
                     self._verify_segment(s, self.np_views[s.tensor][s.toff:s.toff + s.length])
-        else:  # through an aligned bounce buffer
+        else:  # through a small page-aligned bounce buffer, in sub-reads (bounded memory, few faults)
             n = align_up(piece.length, DIRECT_IO_ALIGN)
-            buf = self._bounce(n)
-            _preadv_full(fd, [memoryview(buf)[:n]], piece.offset, self._what(piece))
-            self.read_s_add(time.perf_counter() - t0)
-            arr = np.frombuffer(buf, dtype=np.uint8, count=n)
-            for s in piece.segments:
-                src = arr[s.boff:s.boff + s.length]
-                if self.verify:
-                    self._verify_segment(s, src)
-                self.np_views[s.tensor][s.toff:s.toff + s.length] = src
+            buf = self._bounce(min(n, BOUNCE_BYTES))
+            arr = np.frombuffer(buf, dtype=np.uint8)
+            pos = 0
+            while pos < n:
+                m = min(BOUNCE_BYTES, n - pos)
+                t0 = time.perf_counter()
+                _preadv_full(fd, [memoryview(buf)[:m]], piece.offset + pos, self._what(piece),
+                             need=min(m, piece.length - pos))
+                self.read_s_add(time.perf_counter() - t0)
+                for s in piece.segments:
+                    a, b = max(s.boff, pos), min(s.boff + s.length, pos + m)
+                    if a < b:
+                        dst = s.toff + a - s.boff
+                        self.np_views[s.tensor][dst:dst + b - a] = arr[a - pos:b - pos]
+                pos += m
+            if self.verify:
+                for s in piece.segments:
+                    self._verify_segment(s, self.np_views[s.tensor][s.toff:s.toff + s.length])
         self._advance(sum(s.length for s in piece.segments))
 
     def read_s_add(self, dt: float) -> None:
@@ -416,7 +433,7 @@ class _Loader:
                     buf = pool.acquire()
                     n = align_up(p.length, DIRECT_IO_ALIGN) if self.o_direct else p.length
                     t0 = time.perf_counter()
-                    _preadv_full(fd, [copier.host_view(buf)[:n]], p.offset, self._what(p))
+                    _preadv_full(fd, [copier.host_view(buf)[:n]], p.offset, self._what(p), need=p.length)
                     self.read_s_add(time.perf_counter() - t0)
                     ready.put((p, buf))
             except _Stopped:
