@@ -164,6 +164,22 @@ def bench_warm(
                    modes=[m.strip() for m in modes.split(",") if m.strip()], echo=print)
 
 
+def bench_warm_restore(
+    size: str = typer.Option("bench", help="model size (coldstart.models.tiny): bench ~1.3 GiB"),
+    runs: int = typer.Option(5, help="rounds; every variant once per round, side by side"),
+    out: Path = typer.Option(Path("results/warm"), help="results directory"),
+    work: Path = typer.Option(Path("/var/tmp/coldstart-bench-warm"), help="scratch dir for the snapshot"),
+    snapshot: Optional[Path] = typer.Option(None, help="use this snapshot instead of checkpointing one"),
+    drop: str = typer.Option("global", help="cold = drop the whole page cache (global) or the snapshot's files"),
+) -> None:
+    """Issue 5: restore -> first token per warming mode (none, vmtouch, native, native+profile,
+    loader O_DIRECT), cold (page cache dropped) and warm, with device bytes read and bandwidth."""
+    from coldstart.warm.bench import run_issue5_bench
+
+    run_issue5_bench(size=size, runs=runs, out=out, work=work, snapshot=snapshot, drop=drop, echo=print)
+
+
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     app.add_typer(warm_app, name="warm")
     bench.command("warm")(bench_warm)
+    bench.command("warm-restore")(bench_warm_restore)
