@@ -7,6 +7,7 @@ Warming never raises for a bad file: it records the error and warms the rest.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 from coldstart.warm.base import MiB, NullWarmer, Range, WarmStats, Warmer
@@ -28,6 +29,7 @@ def warm_modes() -> list[dict]:
         {"name": "vmtouch", "mode": "vmtouch", "profile": False},
         {"name": "native", "mode": "native", "profile": False},
         {"name": "native+profile", "mode": "native", "profile": True},
+        {"name": "native-willneed+profile", "mode": "native", "method": "willneed", "profile": True},
         {"name": "odirect", "mode": "none", "profile": False, "loader_odirect": True},
     ]
 
@@ -86,6 +88,8 @@ def start_warming(paths: list[Path] | list[str], *, mode: str | None = None, pro
     from coldstart.warm import snapshot as snapmod
 
     mode = mode or snapmod.env_mode()
+    if mode == "native" and "method" not in kw and os.environ.get("COLDSTART_WARM_METHOD"):
+        kw["method"] = os.environ["COLDSTART_WARM_METHOD"]  # pread | willneed
     root = snapmod.snapshot_root(paths)
     sid = snapshot_id(root) if root is not None else ""
     if profile == "auto":

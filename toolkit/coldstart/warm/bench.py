@@ -249,7 +249,7 @@ def pipeline_restore_once(snap: Path, *, echo: Callable[[str], None] = print) ->
 
     def once(v: dict) -> dict:
         env = {"COLDSTART_WARM_MODE": v["mode"], "COLDSTART_WARM_PROFILE": "auto" if v.get("profile") else "off",
-               "COLDSTART_WARM_RECORD": v.get("record", "off")}
+               "COLDSTART_WARM_RECORD": v.get("record", "off"), "COLDSTART_WARM_METHOD": v.get("method", "pread")}
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         orig_rpc = EngineClient.collective_rpc

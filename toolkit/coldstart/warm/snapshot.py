@@ -8,6 +8,7 @@ A failed restore calls ``cancel()``: nothing is saved, a failed run's access ord
 
 Environment knobs, for the container entrypoint (one process, no flags to thread through):
   COLDSTART_WARM_MODE    native (default) | vmtouch | none
+  COLDSTART_WARM_METHOD  pread (default) | willneed   (native mode)
   COLDSTART_WARM_PROFILE auto (default: DIR/profile.json if present) | off | PATH
   COLDSTART_WARM_RECORD  auto (default: when no profile) | off | force
 """
