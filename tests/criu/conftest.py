@@ -49,12 +49,15 @@ def restore_mode(request, has_mmap) -> str:
 
 
 def ropts(mode: str, **kw) -> RestoreOptions:
+    """Restore options for a mode. Tests restore into a fresh PID namespace by default: on this
+    shared host (pid_max 32768, busy teammates) a dumped PID or TID is often reused within minutes."""
+    kw.setdefault("pidns", True)
     if mode == "stock":
-        return RestoreOptions(variant="stock", network_lock=None, **kw)
-    return RestoreOptions(variant="patched", mmap_pages=0, network_lock=None, **kw)
+        return RestoreOptions(variant="stock", **kw)
+    return RestoreOptions(variant="patched", mmap_pages=0, **kw)
 
 
-DUMP = dict(network_lock=None, variant="stock")
+DUMP = dict(variant="stock")
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ from coldstart.criu.dump import DumpOptions, dump
 from coldstart.criu.restore import restore
 from coldstart.errors import ColdstartError
 
-from .conftest import DUMP, copy_images, marked, ropts, wait_until
+from .conftest import DUMP, copy_images, marked, ropts, start_and_dump, wait_until
 
 
 def _damage(images, how: str) -> None:
@@ -23,6 +23,14 @@ def _damage(images, how: str) -> None:
     elif how == "pagemap-truncated":
         p = sorted(images.glob("pagemap-*.img"))[0]
         os.truncate(p, p.stat().st_size - 5)
+    elif how == "core-magic":  # passes our size checks: CRIU itself must fail and clean up
+        p = sorted(images.glob("core-*.img"))[0]
+        with open(p, "r+b") as f:
+            f.seek(4)
+            f.write(b"\xde\xad\xbe\xef")
+    elif how == "mm-truncated":
+        p = sorted(images.glob("mm-*.img"))[0]
+        os.truncate(p, p.stat().st_size - 3)
     elif how == "pages-truncated":
         p = sorted(images.glob("pages-*.img"))[0]
         os.truncate(p, p.stat().st_size // 2)
@@ -30,7 +38,7 @@ def _damage(images, how: str) -> None:
         raise AssertionError(how)
 
 
-@pytest.mark.parametrize("how", ["pagemap-magic", "pagemap-truncated", "pages-truncated"])
+@pytest.mark.parametrize("how", ["pagemap-magic", "pagemap-truncated", "pages-truncated", "core-magic", "mm-truncated"])
 def test_damaged_image_fails_clearly(mem64, tmp_path, restore_mode, how):
     images = copy_images(mem64.images, tmp_path / "images")
     _damage(images, how)
@@ -39,27 +47,26 @@ def test_damaged_image_fails_clearly(mem64, tmp_path, restore_mode, how):
     with pytest.raises(ColdstartError) as e:
         restore(images, ropts(restore_mode, work_dir=tmp_path / "work"))
     msg = str(e.value)
-    assert msg.startswith(f"criu restore of {images} failed: ")
+    # refused: our own checks before CRIU runs (pagemap/pages sizes); failed: CRIU's error line
+    assert msg.startswith((f"criu restore of {images} refused: ", f"criu restore of {images} failed: ")), msg
     assert "\n" not in msg and len(msg) < 800, msg
-    assert "(full log: " in msg
+    if how in ("core-magic", "mm-truncated"):
+        assert "failed: " in msg and "(full log: " in msg, msg
+    else:
+        assert "refused: " in msg and ("pagemap" in msg or "pages-" in msg), msg
     # nothing half-restored keeps running (give the kernel a moment to reap)
     assert wait_until(lambda: not marked(marker), 10), marked(marker)
 
 
-def test_restore_refuses_when_pid_taken(mem64, bins, tmp_path):
-    """Without --pidns a taken root pid is reported before criu runs."""
-    from coldstart.criu.images import image_facts
-
-    root = image_facts(mem64.images).root_pid
-    if os.path.exists(f"/proc/{root}"):
-        pytest.skip("pid reused by something else")
-    # nothing holds the pid: the check must not fire spuriously
-    r = restore(mem64.images, ropts("stock"))
+def test_restore_refuses_when_pid_taken(bins, tmp_path):
+    """Without --pidns a taken root pid is reported before criu runs (original still alive)."""
+    held = start_and_dump(bins["memhold"], ["8", "3"], tmp_path, leave_running=True)
     try:
-        with pytest.raises(ColdstartError, match="in use on this host"):
-            restore(mem64.images, ropts("stock"))
+        with pytest.raises(ColdstartError, match="in use on this host: stop it or restore with --pidns"):
+            restore(held.images, ropts("stock", pidns=False))
     finally:
-        r.kill()
+        held.facts["proc"].kill()
+        held.facts["proc"].wait()
 
 
 IO_URING_PROG = r"""

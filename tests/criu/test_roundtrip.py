@@ -22,7 +22,7 @@ def test_image_facts_of_1gib_dump(mem1g):
 def test_roundtrip_1gib_same_digest(mem1g, restore_mode):
     r = mem1g.restore(ropts(restore_mode))
     try:
-        assert r.pid == mem1g.facts["pid"]
+        assert r.ns_pid == mem1g.facts["pid"]
         assert mem1g.ctl.request(r.pid, "digest") == mem1g.facts["digest"]
         assert mem1g.ctl.request(r.pid, "verify") == "ok"
     finally:
@@ -56,10 +56,8 @@ def test_madv_dontneed_after_restore(mem1g, restore_mode):
     r = mem1g.restore(ropts(restore_mode))
     try:
         got = mem1g.ctl.request(r.pid, f"madv {1 << 20} {4 << 20}")
-        if restore_mode == "stock":
-            assert got == "zeros"
-        else:
-            assert got in ("zeros", "image"), got
+        # stock: anonymous memory; mmap: patches/criu 0003 documents "image bytes, not zeroes"
+        assert got == ("zeros" if restore_mode == "stock" else "image"), got
         # the rest of the region is untouched by the madvise
         assert mem1g.ctl.request(r.pid, "ping").startswith("ok")
     finally:
@@ -104,14 +102,32 @@ def test_tcp_tree_image_has_two_processes(tcp_held):
 def test_tcp_listening_and_established_survive_restore(tcp_held, restore_mode):
     r = tcp_held.restore(ropts(restore_mode))
     try:
-        assert r.pid == tcp_held.facts["parent"]
+        assert r.ns_pid == tcp_held.facts["parent"]
+        child = r.host_pid(tcp_held.facts["child"])
         # the connection that existed at dump time still works, in both directions
         for _ in range(2):
-            got = tcp_held.ctl.request(tcp_held.facts["child"], "ping", timeout=30)
+            got = tcp_held.ctl.request(child, "ping", timeout=30)
             assert got.startswith(f"ok echo {tcp_held.facts['parent']} hello"), got
         # and the restored listening socket accepts new connections
         with socket.create_connection(("127.0.0.1", tcp_held.facts["port"]), timeout=10) as s:
             s.sendall(b"new client\n")
             assert s.makefile().readline().strip() == f"echo {tcp_held.facts['parent']} new client"
+    finally:
+        r.kill()
+
+
+def test_detached_restore_without_pidns(mem64):
+    """The fastest mode (criu -d, dumped PIDs reused on the host); skipped if a PID was taken."""
+    from coldstart.errors import ColdstartError
+
+    try:
+        r = mem64.restore(ropts("stock", pidns=False))
+    except ColdstartError as e:
+        if "in use" in str(e) or "File exists" in str(e):
+            pytest.skip(f"dumped pid reused on this busy host: {e}")
+        raise
+    try:
+        assert r.pid == r.ns_pid == mem64.facts["pid"] and r.process is None
+        assert mem64.ctl.request(r.pid, "digest") == mem64.facts["digest"]
     finally:
         r.kill()

@@ -13,6 +13,9 @@ _STAMP = re.compile(r"^\(\s*[\d.]+\)\s*")
 _PID = re.compile(r"^\d+:\s+")
 _ERROR = re.compile(r"\bError \(([^)]*)\):\s*(.*)")
 # lines that follow a real failure but say nothing about it
+# "Error" lines CRIU logs and then carries on from (not the cause of a failure), and the generic
+# last words of a failed run
+_BENIGN = re.compile(r"(Can't setup RLIMIT_NOFILE|Restoring FAILED|Dumping FAILED|failed with -1$)")
 _NOISE = re.compile(
     r"(Unlock network|Running network-unlock|Unfreezing tasks|Restoring FS|Writing stats|"
     r"Dumping finished|Restore finished|Tasks resumed|Unseizing|Killing|kill|Warn \()",
@@ -26,19 +29,23 @@ def _clean(line: str) -> str:
 
 
 def error_lines(log: str | Path, limit: int = 3) -> list[str]:
-    """The distinct ``Error (...)`` lines of a CRIU log, first (the cause) and last, at most `limit`."""
+    """The first distinct ``Error (...)`` lines of a CRIU log (the cause comes first), at most `limit`.
+
+    Benign errors (CRIU logs them and continues) and the generic "FAILED." lines are used only
+    when nothing else was logged.
+    """
     text = _read(log)
     errors: list[str] = []
+    benign: list[str] = []
     for raw in text.splitlines():
         line = _clean(raw)
         m = _ERROR.search(line)
         if m:
             msg = f"{m.group(2)} ({m.group(1)})"
-            if msg not in errors:
-                errors.append(msg)
-    if len(errors) <= limit:
-        return errors
-    return errors[: limit - 1] + errors[-1:]
+            bucket = benign if _BENIGN.search(m.group(2)) else errors
+            if msg not in bucket:
+                bucket.append(msg)
+    return (errors or benign)[:limit]
 
 
 def tail(log: str | Path, n: int = 3) -> list[str]:
@@ -48,7 +55,7 @@ def tail(log: str | Path, n: int = 3) -> list[str]:
     return lines[-n:]
 
 
-def summarize(log: str | Path, limit: int = 2) -> str:
+def summarize(log: str | Path, limit: int = 3) -> str:
     """One line for ``ColdstartError``: the failing line(s) of the log joined with ``; ``."""
     lines = error_lines(log, limit) or tail(log, limit)
     return "; ".join(lines) if lines else "no error line in the CRIU log"

@@ -70,6 +70,15 @@ class RestoreResult:
     # the criu (or unshare) process that stays alive in pidns/child mode; None when detached
     process: subprocess.Popen | None = None
 
+    def host_pid(self, ns_pid: int) -> int:
+        """Host pid of the restored process that has `ns_pid` inside the tree's namespace."""
+        if not self.pidns:
+            return ns_pid
+        for p in [self.pid] + descendants(self.pid):
+            if inner_pid(p) == ns_pid:
+                return p
+        raise ColdstartError(f"no restored process has pid {ns_pid} in its namespace")
+
     def kill(self, timeout: float = 10.0) -> None:
         """SIGKILL the restored tree (and its namespace) and wait until it is gone."""
         pids = [self.pid] + descendants(self.pid)
@@ -183,8 +192,11 @@ def restore(images_dir: str | Path, opts: RestoreOptions | None = None) -> Resto
     """Restore the tree in `images_dir`; returns once it runs (or raises, leaving nothing behind)."""
     opts = opts or RestoreOptions()
     images = Path(images_dir).absolute()
-    facts = image_facts(images)
-    check_pages(images)
+    try:
+        facts = image_facts(images)
+        check_pages(images)
+    except ColdstartError as e:
+        raise ColdstartError(f"criu restore of {images} refused: {e}") from None
     criu = resolve_criu(opts.variant, opts.criu_path)
     if opts.mmap_pages is not None:
         _require_mmap(criu)
