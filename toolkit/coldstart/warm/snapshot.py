@@ -5,6 +5,7 @@
 ``ProfileRecorder`` runs next to the warmer and, when the restore reports success by calling
 ``wait()``, the recorded order is saved as ``profile.json`` (atomically) for the next restore.
 A failed restore calls ``cancel()``: nothing is saved, a failed run's access order is no guide.
+Without either call, recording ends and saves after RECORD_MAX_S.
 
 Environment knobs, for the container entrypoint (one process, no flags to thread through):
   COLDSTART_WARM_MODE    native (default) | vmtouch | none
@@ -24,7 +25,9 @@ from coldstart.warm.profile import PROFILE_NAME, ProfileRecorder
 
 log = logging.getLogger("coldstart.warm")
 
-RECORD_MAX_S = 300.0  # a recorder nobody stops (restore hung) ends here, unsaved
+# A recorder nobody stops ends here and saves: the restore succeeded but did not call wait() (it
+# does only once the warm is done); accesses after the first token land at the profile's end.
+RECORD_MAX_S = 120.0
 
 
 def snapshot_root(paths: list[Path] | list[str]) -> Path | None:
@@ -71,7 +74,7 @@ class RecordingWarmer:
         self.profile_path: Path | None = None
         self._ended = threading.Lock()
         self._over = False
-        self._timer = threading.Timer(RECORD_MAX_S, self._discard)
+        self._timer = threading.Timer(RECORD_MAX_S, self._end, kwargs={"save": True})
         self._timer.daemon = True
 
     def start(self) -> "RecordingWarmer":
@@ -98,9 +101,6 @@ class RecordingWarmer:
                      len(prof.ranges), prof.bytes / 2**20)
         except OSError as e:
             log.warning("warm: could not save the access profile in %s: %s", self.root, e)
-
-    def _discard(self) -> None:
-        self._end(save=False)
 
     def wait(self, timeout: float | None = None) -> WarmStats:
         """The restore is through: save the recorded profile, then give the warm's stats."""
