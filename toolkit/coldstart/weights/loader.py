@@ -668,11 +668,15 @@ def verify_flat(flat: Path | str, *, threads: int = 4, progress: Progress | None
     fd = os.open(index.data_file, os.O_RDONLY)
     bad: dict[str, str] = {}
 
+    tls = threading.local()
+
     def check(item):
         e, k = item
         n = min(cb, e.nbytes - k * cb)
-        buf = np.empty(n, dtype=np.uint8)
-        got = os.preadv(fd, [memoryview(buf)], e.offset + k * cb)
+        if getattr(tls, "buf", None) is None:
+            tls.buf = np.empty(cb, dtype=np.uint8)  # one per thread, reused: no page faults per chunk
+        buf = tls.buf[:n]
+        got = _preadv_full(fd, [memoryview(buf)], e.offset + k * cb, lambda: repr(e.name))
         ok = got == n and digest(buf) == e.chunk_digests[k]
         with lock:
             if not ok and e.name not in bad:
