@@ -301,7 +301,7 @@ def test_bench_warm_writes_results(warm_dir, tmp_path):
                           modes=["native", "vmtouch"], echo=lambda s: None)
     assert [r["mode"] for r in rows] == ["fio-odirect", "native", "vmtouch"]
     rows = rows[1:]
-    assert all(r["resident_before"] == 0 for r in rows), rows
+    assert all(r["resident_before"] == 0 and r["proc_read_bytes"] > 0 for r in rows), rows
     if not all(r["resident_after"] == r["bytes"] for r in rows):
         assert all(r["resident_after"] >= 0.9 * r["bytes"] for r in rows), rows
         raise ExternalEviction(str(rows))
