@@ -32,6 +32,7 @@ from coldstart.weights.format import FlatIndex, TensorEntry, align_up, hasher, r
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
 DIRECT_IO_ALIGN = 4096
+MAX_SEGMENTS = 400  # tensors per coalesced read: with their padding iovecs, well under IOV_MAX (1024)
 BOUNCE_BYTES = 8 << 20  # O_DIRECT into unaligned tensors: per-thread bounce buffer, reads of this size
 
 
@@ -107,7 +108,7 @@ def plan_pieces(entries: list[TensorEntry], max_piece: int, *, digest_chunk: int
                 n = min(max_piece, e.nbytes - start)
                 pieces.append(Piece(e.offset + start, n, [Segment(i, start, 0, n)]))
             continue
-        if cur is not None and e.offset + e.nbytes - cur.offset <= max_piece:
+        if cur is not None and e.offset + e.nbytes - cur.offset <= max_piece and len(cur.segments) < MAX_SEGMENTS:
             boff = e.offset - cur.offset
             cur.segments.append(Segment(i, 0, boff, e.nbytes))
             cur.length = boff + e.nbytes
