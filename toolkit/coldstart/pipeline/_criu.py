@@ -70,6 +70,20 @@ def supports_mmap_pages(criu: str) -> bool:
     return "--mmap-pages" in (out.stdout + out.stderr)
 
 
+def ensure_kerndat(criu: str) -> None:
+    """CRIU caches kernel facts in /run/criu.kdat on its first run; made outside the restore's PID
+    namespace (where /proc is the host's), once per boot."""
+    try:
+        from coldstart.criu.restore import kerndat_cached
+
+        kerndat_cached(Path(criu))
+        return
+    except ImportError:
+        pass
+    if not any(Path(p).exists() for p in ("/run/criu.kdat", "/dev/shm/criu.kdat")):
+        subprocess.run([criu, "check"], capture_output=True, timeout=60)
+
+
 def _log_tail(log: Path, n: int = 4) -> str:
     try:
         lines = [ln for ln in log.read_text(errors="replace").splitlines() if "Error" in ln or "error" in ln]
@@ -83,7 +97,10 @@ def dump(criu: str, pid: int, images: Path, log_dir: Path, timeout: float = 600)
     log = log_dir / "dump.log"
     argv = [criu, "dump", "-t", str(pid), "-D", str(images), "-W", str(log_dir), "-o", str(log), "-v4",
             *COMMON, *DUMP_ONLY, *plugin_args()]
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ColdstartError(f"criu dump of pid {pid} could not run: {e}") from e
     if r.returncode != 0:
         raise ColdstartError(f"criu dump of pid {pid} failed (log {log}): {_log_tail(log) or r.stderr.strip()[-300:]}")
 

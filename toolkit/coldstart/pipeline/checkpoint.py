@@ -133,7 +133,10 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
                           sleep_mode=sleep, extra_args=list(opts.engine_args), device=device,
                           served_model_name=opts.served_model_name)
         say(f"starting vLLM on {spec.base_url} (run dir {spec.run_dir})")
-        eng = start_engine(spec, new_pidns=True)
+        # Host PID namespace on purpose: vLLM's CPU worker reads /proc/<its pid>/status, and in a PID
+        # namespace without its own /proc (a private /proc breaks CRIU here) that path is another
+        # host process or missing. Every restore runs in a fresh PID namespace instead (restore.py).
+        eng = start_engine(spec, new_pidns=False)
         eng.wait_ready(opts.ready_timeout)
         tl.mark(EventName.ENGINE_UP)
         client = EngineClient(spec.base_url, timeout=300)
@@ -178,6 +181,7 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
         # launcher (unshare) may still append a line, which the restore cuts off again.
         log_sizes = {str(spec.log_path): spec.log_path.stat().st_size}
         say(f"criu dump of {len(pids)} processes")
+        criu = _criu.find(opts.criu_variant)  # again: a rebuild may have replaced the binary meanwhile
         _criu.dump(criu, eng.root_pid, out / "criu", out / "run")
         if eng.popen is not None:
             eng.popen.wait(timeout=30)

@@ -28,19 +28,24 @@ def _setns(path: str, nstype: int) -> None:
         os.close(fd)
 
 
-def wrap_argv(argv: list[str], shm_sources: list[Path]) -> list[str]:
-    """``argv`` run in a new net + mount namespace with ``lo`` up and a private /dev/shm holding
-    copies of ``shm_sources`` (no fork: the command itself, e.g. criu restore, enters them)."""
+def wrap_argv(argv: list[str], shm_sources: list[Path] | None = None, private_net: bool = False) -> list[str]:
+    """``argv`` (a ``criu restore``) as PID 1 of a fresh PID namespace (the restored tree keeps its
+    dumped PIDs there, whatever runs on the host), session leader (``setsid``: required by CRIU for
+    a vLLM tree here), killed with its launcher (``--kill-child``). With ``private_net`` also a new
+    network + mount namespace: ``lo`` up, a private tmpfs on /dev/shm holding ``shm_sources``."""
     import shlex
     import shutil
 
     unshare = shutil.which("unshare") or "unshare"
+    if not private_net:
+        return [unshare, "--pid", "--fork", "--kill-child", "setsid", *argv]
     ip = shutil.which("ip") or "ip"
     script = "set -e; {ip} link set lo up; mount -t tmpfs -o mode=1777 tmpfs /dev/shm; ".format(ip=shlex.quote(ip))
     if shm_sources:
         script += "cp -p --sparse=always -- " + " ".join(shlex.quote(str(p)) for p in shm_sources) + " /dev/shm/; "
-    script += "exec " + " ".join(shlex.quote(a) for a in argv)
-    return [unshare, "--net", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script]
+    script += "exec setsid " + " ".join(shlex.quote(a) for a in argv)
+    return [unshare, "--pid", "--fork", "--kill-child", "--net", "--mount", "--propagation", "private", "--",
+            "/bin/sh", "-c", script]
 
 
 class Forwarder:

@@ -213,15 +213,17 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) -
     mmap = _criu.supports_mmap_pages(criu)
     argv = _criu.restore_argv(criu, snap / "criu", work, pidfile, mmap_pages=mmap)
     _truncate_logs(m)
-    if net == "private":
-        from coldstart.pipeline.netns import wrap_argv
+    _criu.ensure_kerndat(criu)  # criu in a PID namespace without its own /proc needs the cached facts
+    from coldstart.pipeline.netns import wrap_argv
 
+    if net == "private":
         shm = [snap / "shm" / n for n in m.shm_files if (snap / "shm" / n).exists()]
         if (snap / "link-remaps").is_dir():
             shm += sorted((snap / "link-remaps").iterdir())
-        argv = wrap_argv(argv, shm)
+        argv = wrap_argv(argv, shm, private_net=True)
     else:
         _prepare_host_state(snap, m)
+        argv = wrap_argv(argv)
     tl.mark(EventName.RESTORE_ISSUED, mmap_pages=mmap, net=net)
     restored_flag = work / "restored"
     env = dict(os.environ, COLDSTART_RESTORED_FILE=str(restored_flag))
@@ -239,7 +241,11 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) -
             popen.wait()
             raise RestoreFailed(f"criu restore did not finish within {opts.timeout:.0f} s")
         time.sleep(0.002)
-    root_pid = int(pidfile.read_text().strip())
+    root_pid = _host_root(popen.pid)
+    if not root_pid:
+        popen.kill()
+        popen.wait()
+        raise RestoreFailed("criu restored no process tree (nothing under criu in the new PID namespace)")
     tl.mark(EventName.RESTORE_DONE, pid=root_pid)
 
     spec = EngineSpec(model=Path(m.model), run_dir=Path(m.run_dir), port=m.port, host=m.host_addr,
@@ -305,6 +311,18 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) -
             except Exception:
                 pass
         raise
+
+
+def _host_root(launcher_pid: int) -> int:
+    """Host PID of the restored root: unshare → criu (PID 1 of the new namespace) → root."""
+    import psutil
+
+    try:
+        inits = psutil.Process(launcher_pid).children()
+        roots = inits[0].children() if inits else []
+    except psutil.NoSuchProcess:
+        return 0
+    return roots[0].pid if len(roots) == 1 else 0
 
 
 def _finish_warm(warmer, tl: Timeline) -> None:
