@@ -218,7 +218,10 @@ def _preadv_full(fd: int, views: list, offset: int, what: Callable[[], str], nee
     need = total if need is None else need
     done = 0
     while done < total:
-        n = os.preadv(fd, views, offset + done)
+        try:
+            n = os.preadv(fd, views, offset + done)
+        except OSError as e:
+            raise ColdstartError(f"reading {what()} from the weights file failed: {e.strerror or e}") from None
         if n <= 0:
             if done >= need:
                 return done
