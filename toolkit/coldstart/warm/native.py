@@ -43,6 +43,7 @@ class NativeWarmer(BaseWarmer):
         self._fds: dict[Path, int] = {}
         self._workers: list[threading.Thread] = []
         self._failed: set[Path] = set()
+        self._reaper: threading.Thread | None = None
 
     # -- lifecycle
     def start(self) -> "NativeWarmer":
@@ -72,6 +73,8 @@ class NativeWarmer(BaseWarmer):
 
     def wait(self, timeout: float | None = None) -> WarmStats:
         """Stats once every reader has stopped, or a partial snapshot (finished=False) at timeout."""
+        if self._reaper is None:
+            raise RuntimeError("wait() before start()")
         self._reaper.join(timeout)
         return self.stats
 
