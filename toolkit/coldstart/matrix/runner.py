@@ -248,23 +248,25 @@ def run_command(argv: list[str], *, run_dir: Path, timeline: Path, env: dict[str
     full_env["COLDSTART_T0"] = repr(t0_wall)
     t0 = time.monotonic()
     err = ""
-    with open(log, "w") as lf:
+    out_path = run_dir / "stdout.txt"
+    # files, not pipes: a server the cell leaves behind must not keep us waiting for EOF
+    with open(log, "w") as lf, open(out_path, "w") as of:
         try:
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=lf, env=full_env, start_new_session=True,
-                                    text=True)
+            proc = subprocess.Popen(argv, stdout=of, stderr=lf, stdin=subprocess.DEVNULL, env=full_env,
+                                    start_new_session=True)
         except OSError as e:
             raise ColdstartError(f"cannot start {argv[0]}: {e.strerror}") from None
         try:
-            out, _ = proc.communicate(timeout=timeout)
+            proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            out, _ = proc.communicate()
+            proc.wait()
             err = f"timed out after {timeout:.0f} s"
         seconds = time.monotonic() - t0
-        lf.write("\n--- stdout ---\n" + (out or ""))
+    out = out_path.read_text(errors="replace")
     for pid in _reported_pids(out or ""):
         _kill_tree(pid)
     try:  # anything left in the cell's own session
