@@ -654,6 +654,8 @@ def alloc_like_index(index: FlatIndex | Path | str, device: str = "cpu") -> dict
 
     if not isinstance(index, FlatIndex):
         index = read_index(index)
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        raise ColdstartError(f"device {device}: no CUDA device available")
     return {e.name: torch.zeros(e.shape, dtype=torch_dtype(e.dtype), device=device) for e in index.tensors}
 
 
