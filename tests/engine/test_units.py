@@ -123,3 +123,31 @@ def test_gpu_tools_found_or_named(tmp_path, monkeypatch):
     assert found.ok and found.criu_args() == ["-L", str(tmp_path / "plugins")]
     assert found.criu_env({"PATH": "/usr/bin"})["PATH"].startswith(str(tmp_path / "bin"))
     assert gpu_facts() == {}  # no nvidia-smi on PATH
+
+
+def test_pidns_lookups_inside_a_pid_namespace():
+    """In our PID namespace /proc is the host's: vLLM's /proc/<getpid()> lookups must be redirected."""
+    code = "\n".join([
+        "import os, subprocess, sys, time",
+        "from coldstart.engine import pidns",
+        "assert pidns.proc_is_foreign() and os.getpid() == 1",
+        "assert pidns.host_pid_of(1) == int(os.readlink('/proc/self'))",
+        "assert pidns.install()",
+        "from vllm.utils import cpu_resource_utils as c",
+        "assert c.get_memory_affinity() == pidns.get_memory_affinity() != []",
+        "p = subprocess.Popen([sys.executable, '-c', 'import subprocess, time; "
+        "subprocess.Popen([\"sleep\", \"60\"]); time.sleep(60)'])",
+        "time.sleep(1)",
+        "host = pidns.host_pid_of(p.pid)",
+        "assert host and host != p.pid",
+        "import vllm.v1.utils as vu",
+        "vu.kill_process_tree(p.pid)",
+        "assert p.wait(10) == -9",
+        "print('ok')",
+    ])
+    out = subprocess.run(["unshare", "--pid", "--fork", "setsid", sys.executable, "-c", code],
+                         capture_output=True, text=True, timeout=300)
+    assert out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+    from coldstart.engine import pidns
+
+    assert not pidns.proc_is_foreign() and not pidns.install()  # outside: nothing patched

@@ -134,6 +134,10 @@ class EngineSpec:
         (``env`` is the field of extra variables, hence the name.)"""
         e = dict(os.environ)
         e.update(self.env_overrides())
+        # VLLM_PLUGINS, when set, is an allow-list: keep our plugin in it (load format, CPU sleep)
+        plugins = [p for p in e.get("VLLM_PLUGINS", "").split(",") if p]
+        if plugins and "coldstart" not in plugins:
+            e["VLLM_PLUGINS"] = ",".join(plugins + ["coldstart"])
         return e
 
     def prepare_dirs(self) -> None:

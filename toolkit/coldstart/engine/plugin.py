@@ -1,6 +1,6 @@
 """vLLM general plugin (entry point ``vllm.general_plugins: coldstart``), run by vLLM in every process.
 
-It does two things, both through vLLM's public extension points:
+It does three things (the first two through vLLM's public extension points):
 1. registers the ``coldstart`` load format (``register_model_loader``): ``--load-format coldstart``
    loads the model's weights from our flat file (weights.flat + weights.index.json) with the
    parallel loader, for the first load and for ``reload_weights``;
@@ -9,7 +9,9 @@ It does two things, both through vLLM's public extension points:
    available on the CPU platform, because our worker implements it. vLLM's check
    (``Platform.is_sleep_mode_available``) is a platform capability with no public switch, so the
    plugin overrides that one method on ``CpuPlatform`` in that process; nothing else changes, and
-   without the variable vLLM behaves exactly as stock.
+   without the variable vLLM behaves exactly as stock;
+3. only inside a PID namespace whose /proc is the host's (how ``start_engine`` runs the server):
+   makes vLLM's two ``/proc/<getpid()>`` lookups correct (see ``coldstart.engine.pidns``).
 
 Where the flat weights are found (first match): ``--model-loader-extra-config '{"flat_dir": DIR}'``,
 ``$COLDSTART_FLAT_DIR``, ``<model>/coldstart-flat/``, ``<model>/`` itself if it holds weights.flat.
@@ -134,6 +136,13 @@ def register() -> None:
             _allow_cpu_sleep()
         except Exception as e:
             log.warning("coldstart: could not enable sleep mode on CPU: %s", e)
+    try:
+        from coldstart.engine import pidns
+
+        if pidns.install():
+            log.info("coldstart: PID namespace with the host's /proc: vLLM's PID lookups patched")
+    except Exception as e:
+        log.warning("coldstart: could not patch vLLM's PID lookups for the PID namespace: %s", e)
 
 
 def decode_arg(v: Any) -> Any:
