@@ -151,3 +151,15 @@ def test_pidns_lookups_inside_a_pid_namespace():
     from coldstart.engine import pidns
 
     assert not pidns.proc_is_foreign() and not pidns.install()  # outside: nothing patched
+
+
+def test_startup_failure_names_the_root_cause():
+    from coldstart.engine.launcher import _last_error_line
+
+    log = "\n".join([
+        "(APIServer pid=1) WARNING [x.py:1] failed to increase ulimit: `OSError: [Errno 24] Too many open files`",
+        "(VllmWorker-0 pid=41) ERROR 11-22 11:17:50 [multiproc_executor.py:953] FileNotFoundError: [Errno 2] x",
+        "(EngineCore pid=26) ERROR [core.py:1510] Exception: WorkerProc initialization failed ... root cause.",
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+    ])
+    assert _last_error_line(log) == "FileNotFoundError: [Errno 2] x"

@@ -209,7 +209,7 @@ class EngineProcess:
         while True:
             if not self.alive():
                 raise ColdstartError(f"vLLM server exited before it was ready "
-                                     f"(see {self.spec.log_path}): {_last_error_line(self.log_tail(60))}")
+                                     f"(see {self.spec.log_path}): {_last_error_line(self.log_tail(200))}")
             if client.health():
                 return time.monotonic() - self.started_at
             if time.monotonic() > deadline:
@@ -287,12 +287,23 @@ class EngineProcess:
         self.stop()
 
 
+_GENERIC = ("Engine core initialization failed", "root cause", "EngineDeadError", "WARNING")
+
+
 def _last_error_line(tail: str) -> str:
-    lines = [ln for ln in tail.splitlines() if ln.strip()]
-    for ln in reversed(lines):
-        if "Error" in ln or "error" in ln or "Exception" in ln:
-            return ln.strip()[-300:]
-    return lines[-1].strip()[-300:] if lines else "(empty log)"
+    """The most specific error in a server log: the last ``SomethingError: ...`` line that is not
+    vLLM's generic "see root cause above" wrapper, without vLLM's log prefix."""
+    import re
+
+    lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
+    pat = re.compile(r"\b[A-Za-z_.]*(Error|Exception|Exit)\b: ")
+    hits = [ln for ln in lines if pat.search(ln)]
+    specific = [ln for ln in hits if not any(g in ln for g in _GENERIC)]
+    pick = (specific or hits or lines or ["(empty log)"])[-1]
+    m = pat.search(pick)
+    if m and m.start() > 0 and "] " in pick[:m.start()]:
+        pick = pick[m.start():]
+    return pick[-300:]
 
 
 def _unshare() -> str:
