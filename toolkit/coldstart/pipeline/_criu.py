@@ -8,9 +8,12 @@ runs ``criu dump`` / ``criu restore`` with the options a vLLM server needs (ENVI
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
+import tempfile
+import time
 from pathlib import Path
 
 from coldstart.errors import ColdstartError
@@ -70,6 +73,25 @@ def supports_mmap_pages(criu: str) -> bool:
     return "--mmap-pages" in (out.stdout + out.stderr)
 
 
+@contextlib.contextmanager
+def remap_lock():
+    """Host-wide lock around CRIU's use of /dev/shm/link_remap.<id> files.
+
+    Why: CRIU names a link remap after the file's id in the image, and two vLLM trees have the same
+    ids, so two dumps at once (or a dump beside a host-mode restore, which puts the saved remaps
+    back) collide ("Can't link remap ...: File exists"). Held from before the dump until its remaps
+    are saved and removed, and in a restore from putting them back until CRIU has used them."""
+    import fcntl
+
+    d = Path("/run/lock") if Path("/run/lock").is_dir() else Path(tempfile.gettempdir())
+    with open(d / "coldstart-link-remap.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def ensure_kerndat(criu: str) -> None:
     """CRIU caches kernel facts in /run/criu.kdat on its first run; made outside the restore's PID
     namespace (where /proc is the host's), once per boot."""
@@ -97,10 +119,16 @@ def dump(criu: str, pid: int, images: Path, log_dir: Path, timeout: float = 600)
     log = log_dir / "dump.log"
     argv = [criu, "dump", "-t", str(pid), "-D", str(images), "-W", str(log_dir), "-o", str(log), "-v4",
             *COMMON, *DUMP_ONLY, *plugin_args()]
-    try:
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise ColdstartError(f"criu dump of pid {pid} could not run: {e}") from e
+    for attempt in range(4):
+        try:
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise ColdstartError(f"criu dump of pid {pid} could not run: {e}") from e
+        # a link_remap.<id> left by someone else's dump or restore: a failed dump leaves the tree
+        # running, so wait for them to finish and try again
+        if r.returncode == 0 or "Can't link remap" not in _log_tail(log, 10) or attempt == 3:
+            break
+        time.sleep(5)
     if r.returncode != 0:
         raise ColdstartError(f"criu dump of pid {pid} failed (log {log}): {_log_tail(log) or r.stderr.strip()[-300:]}")
 

@@ -125,7 +125,6 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
     tl = Timeline.from_container_start("checkpoint", model=model.name)
     lock = _prepare_out(out)
     eng = None
-    remaps_before = link_remap_names()
     shm_taken: list[Path] = []
     published = False
     try:
@@ -182,26 +181,27 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
         log_sizes = {str(spec.log_path): spec.log_path.stat().st_size}
         say(f"criu dump of {len(pids)} processes")
         criu = _criu.find(opts.criu_variant)  # again: a rebuild may have replaced the binary meanwhile
-        _criu.dump(criu, eng.root_pid, out / "criu", out / "run")
-        if eng.popen is not None:
-            eng.popen.wait(timeout=30)
-        tl.mark(EventName.CRIU_DUMPED)
-
-        # What the restore must put back: vLLM's /dev/shm buffers (mapped, not in the image) and
-        # CRIU's link_remap files (stand-ins for deleted files such as sem.*).
         (out / "shm").mkdir()
-        for p in shm_files:
-            if p.exists():
-                sparse_copy(p, out / "shm" / p.name)  # ~400 MB of mostly zeros: keep the holes
-                shm_taken.append(p)
-        remaps = sorted(link_remap_names() - remaps_before)
-        if remaps:
-            (out / "link-remaps").mkdir()
-            for name in remaps:
-                shutil.copy2(SHM / name, out / "link-remaps" / name)
-                shm_taken.append(SHM / name)
-        for p in shm_taken:
-            p.unlink(missing_ok=True)
+        with _criu.remap_lock():
+            remaps_before = link_remap_names()
+            _criu.dump(criu, eng.root_pid, out / "criu", out / "run")
+            if eng.popen is not None:
+                eng.popen.wait(timeout=30)
+            tl.mark(EventName.CRIU_DUMPED)
+            # What the restore must put back: vLLM's /dev/shm buffers (mapped, not in the image) and
+            # CRIU's link_remap files (stand-ins for deleted files such as sem.*).
+            for p in shm_files:
+                if p.exists():
+                    sparse_copy(p, out / "shm" / p.name)  # ~400 MB of mostly zeros: keep the holes
+                    shm_taken.append(p)
+            remaps = sorted(link_remap_names() - remaps_before)
+            if remaps:
+                (out / "link-remaps").mkdir()
+                for name in remaps:
+                    shutil.copy2(SHM / name, out / "link-remaps" / name)
+                    shm_taken.append(SHM / name)
+            for p in shm_taken:
+                p.unlink(missing_ok=True)
 
         files = inventory(out, digests=True)
         m = Manifest(
@@ -230,8 +230,7 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
         if not published:
             if eng is not None and eng.alive():
                 eng.stop(timeout=10)
-            for name in link_remap_names() - remaps_before:
-                (SHM / name).unlink(missing_ok=True)
+            # (link remaps of a failed dump are CRIU's to remove: others' may be in /dev/shm now)
             for p in shm_taken:
                 p.unlink(missing_ok=True)
             shutil.rmtree(out, ignore_errors=True)
@@ -243,16 +242,16 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
 
 
 def _keep_log(out: Path) -> Path | None:
-    """Copy the server log out of a failed checkpoint's directory (which is removed) for diagnosis."""
+    """Copy the server and CRIU logs out of a failed checkpoint's directory (which is removed)."""
     import tempfile
 
-    src = out / "run" / "server.log"
-    if not src.is_file():
+    srcs = [p for p in (out / "run" / "server.log", out / "run" / "dump.log") if p.is_file()]
+    if not srcs:
         return None
-    fd, dst = tempfile.mkstemp(prefix=f"coldstart-checkpoint-{out.name}-", suffix=".log")
-    os.close(fd)
-    shutil.copyfile(src, dst)
-    return Path(dst)
+    dst = Path(tempfile.mkdtemp(prefix=f"coldstart-checkpoint-{out.name}-"))
+    for p in srcs:
+        shutil.copyfile(p, dst / p.name)
+    return dst
 
 
 def reload_weights(client, snap: Path, weights: dict):

@@ -67,6 +67,9 @@ def restore_cmd(
     print(json.dumps({"url": res.base_url, "pid": res.engine.root_pid, "restored": res.restored,
                       "fallback_reason": res.fallback_reason, "canary_ok": res.canary_ok}), flush=True)
     _say(f"ready: {res.base_url} ({status})")
+    if not serve and getattr(res, "forwarder", None) is not None:
+        _say("warning: --net private forwards through this process; with --no-serve the port closes "
+             "when it exits (the server itself keeps running)")
     if serve:
         raise typer.Exit(serve_fn(res))
 

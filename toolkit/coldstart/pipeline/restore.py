@@ -11,6 +11,7 @@ re-parented to us: the entrypoint stays the server's parent, forwards SIGTERM/SI
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib.util
 import os
@@ -86,8 +87,10 @@ def restore(opts: RestoreOptions, say: Callable[[str], None] = print) -> Restore
         m = read_manifest(snap)
         tl.labels["model"] = Path(m.model).name
         return _restore(snap, m, opts, tl, say)
-    except (ColdstartError, OSError, subprocess.SubprocessError, TimeoutError) as e:
+    except Exception as e:  # the entrypoint's promise: whatever went wrong, still serve (cold)
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if not isinstance(e, (ColdstartError, OSError, subprocess.SubprocessError, TimeoutError)):
+            reason = f"{type(e).__name__}: {reason}"  # unexpected: name the exception type too
         if not opts.fallback:
             raise RestoreFailed(reason) from e
         return fall_back(reason, m, opts, tl, say)
@@ -222,8 +225,11 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) -
             shm += sorted((snap / "link-remaps").iterdir())
         argv = wrap_argv(argv, shm, private_net=True)
     else:
-        _prepare_host_state(snap, m)
         argv = wrap_argv(argv)
+    lock = _criu.remap_lock() if net == "host" else contextlib.nullcontext()
+    lock.__enter__()
+    if net == "host":
+        _prepare_host_state(snap, m)
     tl.mark(EventName.RESTORE_ISSUED, mmap_pages=mmap, net=net)
     restored_flag = work / "restored"
     env = dict(os.environ, COLDSTART_RESTORED_FILE=str(restored_flag))
@@ -231,16 +237,19 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) -
     popen = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=errf, stderr=errf,
                              cwd=m.run_dir or None)
     deadline = time.monotonic() + opts.timeout
-    while not restored_flag.exists():
-        if popen.poll() is not None:
-            errf.seek(0)
-            raise RestoreFailed(f"criu restore failed (log {work / 'restore.log'}): "
-                                f"{_criu._log_tail(work / 'restore.log') or errf.read().strip()[-300:]}")
-        if time.monotonic() > deadline:
-            popen.kill()
-            popen.wait()
-            raise RestoreFailed(f"criu restore did not finish within {opts.timeout:.0f} s")
-        time.sleep(0.002)
+    try:
+        while not restored_flag.exists():
+            if popen.poll() is not None:
+                errf.seek(0)
+                raise RestoreFailed(f"criu restore failed (log {work / 'restore.log'}): "
+                                    f"{_criu._log_tail(work / 'restore.log') or errf.read().strip()[-300:]}")
+            if time.monotonic() > deadline:
+                popen.kill()
+                popen.wait()
+                raise RestoreFailed(f"criu restore did not finish within {opts.timeout:.0f} s")
+            time.sleep(0.002)
+    finally:
+        lock.__exit__(None, None, None)
     root_pid = _host_root(popen.pid)
     if not root_pid:
         popen.kill()
