@@ -65,6 +65,24 @@ def link_remap_names() -> set[str]:
     return {p.name for p in SHM.glob("link_remap.*")}
 
 
+def remove_stale_link_remaps(max_age: float = 120.0) -> list[str]:
+    """Remove /dev/shm/link_remap.* older than ``max_age`` s (by ctime: when the link was made).
+
+    CRIU names them after image file ids, which are the same for every vLLM tree, so a leftover of a
+    crashed dump or restore makes every later dump fail ("File exists"). A live dump or restore uses
+    its remaps for seconds; call with the remap lock held."""
+    removed = []
+    now = time.time()
+    for p in SHM.glob("link_remap.*"):
+        try:
+            if now - p.stat().st_ctime > max_age:
+                p.unlink()
+                removed.append(p.name)
+        except OSError:
+            pass
+    return removed
+
+
 def _fsync_tree(root: Path) -> None:
     for p in sorted(root.rglob("*")):
         if p.is_file() and not p.is_symlink():
@@ -183,6 +201,8 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
         criu = _criu.find(opts.criu_variant)  # again: a rebuild may have replaced the binary meanwhile
         (out / "shm").mkdir()
         with _criu.remap_lock():
+            for stale in remove_stale_link_remaps():
+                say(f"removed a stale {stale} (left by a crashed dump/restore: it would block this dump)")
             remaps_before = link_remap_names()
             _criu.dump(criu, eng.root_pid, out / "criu", out / "run")
             if eng.popen is not None:
