@@ -416,34 +416,49 @@ def test_staged_pipeline_never_reuses_a_busy_buffer(flat, src, monkeypatch):
     assert copier.max_in_flight >= 1
 
 
-# ---- CLI
+# ---- CLI (in-process through coldstart.cli.main, which prints `error: ...` and exits 1; one real
+# subprocess checks the installed entry point)
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "coldstart.cli", *args], capture_output=True, text=True, timeout=300)
+def _main(capsys, monkeypatch, *args: str) -> tuple[int, str, str]:
+    from coldstart import cli
+
+    monkeypatch.setattr(sys, "argv", ["coldstart", *args])
+    code = 0
+    try:
+        cli.main()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
-def test_cli_errors_are_one_line(tmp_path, flat):
-    r = _cli("weights", "load", str(tmp_path / "missing"))
+def test_cli_errors_are_one_line(tmp_path, flat, capsys, monkeypatch):
+    r = subprocess.run([str(Path(sys.executable).with_name("coldstart")), "weights", "load", str(tmp_path / "missing")],
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 1
     assert r.stderr.strip().startswith("error:") and len(r.stderr.strip().splitlines()) == 1
     d = _copy_dump(flat, tmp_path / "c")
     with open(d / DATA_NAME, "r+b") as f:
         f.seek(read_index(d).by_name()["int8.3"].offset)
         f.write(b"\x7f\x7f\x7f")
-    r = _cli("weights", "verify", str(d))
-    assert r.returncode == 1 and "int8.3" in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    r = _cli("weights", "load", str(d), "--verify")
-    assert r.returncode == 1 and "int8.3" in r.stderr
+    code, _, err = _main(capsys, monkeypatch, "weights", "verify", str(d))
+    assert code == 1 and "int8.3" in err and len(err.strip().splitlines()) == 1
+    code, _, err = _main(capsys, monkeypatch, "weights", "load", str(d), "--verify")
+    assert code == 1 and "int8.3" in err and err.strip().startswith("error:")
+    code, _, err = _main(capsys, monkeypatch, "weights", "dump", str(tmp_path / "nope"), str(tmp_path / "o"))
+    assert code == 1 and "not a directory" in err
 
 
-def test_cli_dump_load_verify(tiny_model_dir, tmp_path):
+def test_cli_dump_load_verify(tiny_model_dir, tmp_path, capsys, monkeypatch):
     out = tmp_path / "cli.flat"
-    r = _cli("weights", "dump", str(tiny_model_dir), str(out))
-    assert r.returncode == 0, r.stderr
-    r = _cli("weights", "load", str(out), "--json", "--verify", "--threads", "2")
-    assert r.returncode == 0, r.stderr
-    stats = json.loads(r.stdout.strip().splitlines()[-1])
+    code, _, err = _main(capsys, monkeypatch, "weights", "dump", str(tiny_model_dir), str(out))
+    assert code == 0, err
+    code, stdout, err = _main(capsys, monkeypatch, "weights", "load", str(out), "--json", "--verify", "--threads", "2")
+    assert code == 0, err
+    stats = json.loads(stdout.strip().splitlines()[-1])
     assert stats["tensors"] == len(read_index(out).tensors) and stats["verify"] is True
-    r = _cli("weights", "verify", str(out))
-    assert r.returncode == 0 and r.stdout.startswith("ok:")
+    code, stdout, _ = _main(capsys, monkeypatch, "weights", "load", str(out))
+    assert code == 0 and "throughput" in stdout
+    code, stdout, _ = _main(capsys, monkeypatch, "weights", "verify", str(out))
+    assert code == 0 and stdout.startswith("ok:")
