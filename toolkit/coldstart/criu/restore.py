@@ -93,7 +93,32 @@ class RestoreResult:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:
                 pass
+        _reap(pids)
         wait_gone(pids, timeout)
+
+
+def set_child_subreaper() -> None:
+    """Make detached restored trees our children (CRIU -d re-parents them to the nearest
+    subreaper), so we can reap them: an unreaped zombie keeps its PID taken for the next restore."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(36, 1, 0, 0, 0) != 0:  # PR_SET_CHILD_SUBREAPER
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+
+
+def _reap(pids: list[int], timeout: float = 10.0) -> None:
+    """waitpid() those of `pids` that are our children (no-op for the others)."""
+    end = time.monotonic() + timeout
+    for p in pids:
+        while True:
+            try:
+                done, _ = os.waitpid(p, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if done or time.monotonic() > end:
+                break
+            time.sleep(0.002)
 
 
 def children(pid: int) -> list[int]:
@@ -160,11 +185,17 @@ def _kill(pid: int) -> None:
 KDAT_CANDIDATES = (Path("/run/criu.kdat"), Path("/dev/shm/criu.kdat"))
 
 
+_KDAT_TRIED: set[str] = set()
+
+
 def kerndat_cached(criu: Path) -> bool:
-    """True if CRIU's kernel-feature cache exists (made by one `criu check` outside any namespace)."""
+    """True if CRIU's kernel-feature cache exists (made by one `criu check` outside any namespace;
+    tried once per binary and process: a non-tmpfs RUNDIR never gets one)."""
     if any(p.exists() for p in KDAT_CANDIDATES):
         return True
-    subprocess.run([str(criu), "check"], capture_output=True, timeout=60)
+    if str(criu) not in _KDAT_TRIED:
+        _KDAT_TRIED.add(str(criu))
+        subprocess.run([str(criu), "check"], capture_output=True, timeout=60)
     return any(p.exists() for p in KDAT_CANDIDATES)
 
 
@@ -233,13 +264,15 @@ def restore(images_dir: str | Path, opts: RestoreOptions | None = None) -> Resto
                              mmap_pages=opts.mmap_pages, pidns=False, process=None)
 
     # pidns / child mode: CRIU stays alive; wait for its post-resume notification
-    popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    # stderr to a file, not a pipe: CRIU lives on as the namespace's init and must never block
+    with open(work / "criu.stderr", "w") as errf:
+        popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                 stderr=errf, env=env, start_new_session=True)
     ready = work / "restored"
     deadline = t0 + opts.timeout
     while not ready.exists():
         if popen.poll() is not None:
-            err = popen.stderr.read() if popen.stderr else ""
+            err = (work / "criu.stderr").read_text(errors="replace")
             _cleanup_after_failure(work, facts.pids, popen)
             raise ColdstartError(_failure(images, log, err))
         if time.monotonic() > deadline:
