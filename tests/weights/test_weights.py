@@ -368,6 +368,8 @@ class DeferredCopier:
     (later, in another thread, or when synchronized). If the pool handed a buffer back to the readers
     before its event completed, a reader would overwrite it first and the loaded bytes would differ."""
 
+    numpy_views = True
+
     def __init__(self) -> None:
         self.pending: list[FakeEvent] = []
         self.max_in_flight = 0
@@ -414,6 +416,91 @@ def test_staged_pipeline_never_reuses_a_busy_buffer(flat, src, monkeypatch):
     for k, v in src.items():
         assert _raw(dest[k]) == _raw(v), k
     assert copier.max_in_flight >= 1
+
+
+class FakeCuda:
+    """Stands in for the torch.cuda module: records stream/event/registration calls, so the CUDA
+    copier's own code runs here (its copies are real torch copies between CPU tensors)."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple] = []
+        self.registered: set[int] = set()
+        self.n_registered = 0
+        fake = self
+
+        class Stream:
+            def __init__(self, device=None) -> None:
+                self.device = device
+
+            def wait_stream(self, other) -> None:
+                fake.log.append(("wait_stream", other))
+
+            def synchronize(self) -> None:
+                fake.log.append(("stream_sync",))
+
+        class Event:
+            def record(self, stream) -> None:
+                fake.log.append(("record", stream))
+
+            def query(self) -> bool:
+                return True
+
+            def synchronize(self) -> None:
+                pass
+
+        self.Stream, self.Event = Stream, Event
+
+    def current_stream(self, device=None):
+        return "current"
+
+    def stream(self, st):
+        fake = self
+
+        class Ctx:
+            def __enter__(self):
+                fake.log.append(("enter", st))
+
+            def __exit__(self, *exc):
+                fake.log.append(("exit", st))
+
+        return Ctx()
+
+    def cudart(self):
+        return self
+
+    def cudaHostRegister(self, ptr, n, flags):
+        assert ptr % 4096 == 0
+        self.registered.add(ptr)
+        self.n_registered += 1
+        return 0
+
+    def cudaHostUnregister(self, ptr):
+        self.registered.remove(ptr)
+        return 0
+
+
+def test_cuda_copier_code_path_without_a_device(flat, src, monkeypatch):
+    """UNVERIFIED ON GPU: runs CudaCopier's code with a stand-in torch.cuda; checks the ordering it
+    promises (side stream waits for the current one; each buffer's copies are issued on the side stream
+    and followed by an event on it; host registrations undone; everything synchronized at the end)."""
+    fake = FakeCuda()
+    copier = loader_mod.CudaCopier("cuda:0", cuda=fake)
+    # a pinned allocation that is not page-aligned: exercises the mmap + cudaHostRegister fallback
+    copier._pinned = lambda n: torch.empty(n + 64, dtype=torch.uint8)[64:]
+    monkeypatch.setattr(loader_mod, "make_copier", lambda device, targets: copier)
+    dest = _fresh(src)
+    load_into(flat, dest, mode="staged", threads=2, buffers=2, chunk_bytes=64 * KIB, direct=True)
+    for k, v in src.items():
+        assert _raw(dest[k]) == _raw(v), k
+    log = fake.log
+    assert log[0] == ("wait_stream", "current")
+    side = copier.stream
+    body = log[1:-1]
+    assert body and len(body) % 3 == 0
+    for i in range(0, len(body), 3):
+        assert body[i:i + 3] == [("enter", side), ("record", side), ("exit", side)]
+    assert log[-1] == ("stream_sync",)
+    assert fake.n_registered == 2 and not fake.registered  # both buffers registered, then unregistered
 
 
 # ---- CLI (in-process through coldstart.cli.main, which prints `error: ...` and exits 1; one real

@@ -469,7 +469,7 @@ class _Loader:
                     for s in piece.segments:
                         self._verify_segment(s, hv[s.boff:s.boff + s.length])
                 t0 = time.perf_counter()
-                fence = copier.copy(piece, buf, self.np_views if self.device == "cpu" else self.views)
+                fence = copier.copy(piece, buf, self.np_views if copier.numpy_views else self.views)
                 self.copy_s += time.perf_counter() - t0
                 pool.release(buf, fence)
                 self._advance(sum(s.length for s in piece.segments))
@@ -494,6 +494,8 @@ class CpuCopier:
     """Staged copies on CPU: numpy memcpy (releases the GIL; torch's copy_ would wake its OpenMP
     pool, whose spinning threads steal the CPU from the readers); buffers are free at once."""
 
+    numpy_views = True  # copy() gets numpy views of the destinations
+
     def host_buffer(self, n: int):
         return _aligned_buffer(n)
 
@@ -515,24 +517,33 @@ class CpuCopier:
 class CudaCopier:
     """Staged copies to a CUDA device (UNVERIFIED ON GPU): pinned host buffers, async H2D copies on
     a side stream, one event per buffer recorded after its copies; the BufferPool hands the buffer
-    back to the readers only after that event completed."""
+    back to the readers only after that event completed.
 
-    def __init__(self, device) -> None:
+    ``cuda`` is the ``torch.cuda`` module; tests pass a stand-in to run this code without a device.
+    """
+
+    numpy_views = False  # copy() gets torch uint8 views of the destinations
+
+    def __init__(self, device, cuda=None) -> None:
         import torch
 
         self.torch = torch
+        self.cuda = cuda if cuda is not None else torch.cuda
         self.device = device
-        self.stream = torch.cuda.Stream(device=device)
+        self.stream = self.cuda.Stream(device=device)
         # the destinations may have just been (re)allocated or zeroed on the current stream
-        self.stream.wait_stream(torch.cuda.current_stream(device))
+        self.stream.wait_stream(self.cuda.current_stream(device))
         self.registered: list[int] = []
 
+    def _pinned(self, n: int):
+        return self.torch.empty(n, dtype=self.torch.uint8, pin_memory=True)
+
     def host_buffer(self, n: int):
-        buf = self.torch.empty(n, dtype=self.torch.uint8, pin_memory=True)
+        buf = self._pinned(n)
         if buf.data_ptr() % DIRECT_IO_ALIGN:  # O_DIRECT needs page alignment: pin our own mmap instead
             m = _aligned_buffer(n)
             buf = self.torch.frombuffer(m, dtype=self.torch.uint8)
-            rc = self.torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), n, 0)
+            rc = self.cuda.cudart().cudaHostRegister(buf.data_ptr(), n, 0)
             if int(rc) != 0:
                 raise ColdstartError(f"cudaHostRegister failed ({rc})")
             self.registered.append(buf.data_ptr())
@@ -543,11 +554,10 @@ class CudaCopier:
         return memoryview(buf.numpy())
 
     def copy(self, piece: Piece, buf, views):
-        torch = self.torch
-        with torch.cuda.stream(self.stream):
+        with self.cuda.stream(self.stream):
             for s in piece.segments:
                 views[s.tensor][s.toff:s.toff + s.length].copy_(buf[s.boff:s.boff + s.length], non_blocking=True)
-            ev = torch.cuda.Event()
+            ev = self.cuda.Event()
             ev.record(self.stream)
         return ev
 
@@ -555,7 +565,7 @@ class CudaCopier:
         """Wait for every copy (also on errors: no DMA may outlive its host buffer)."""
         self.stream.synchronize()
         for ptr in self.registered:
-            self.torch.cuda.cudart().cudaHostUnregister(ptr)
+            self.cuda.cudart().cudaHostUnregister(ptr)
         self.registered.clear()
 
 
