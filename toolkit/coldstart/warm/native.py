@@ -5,7 +5,8 @@ Two methods:
   the in-flight amount is exactly ``threads x chunk`` and the issue order is the read order. The
   copy to user space costs ~nothing next to a disk (it runs at memory speed, GIL released).
 - ``willneed``: one thread issues posix_fadvise(WILLNEED) per chunk (no copy, the kernel reads
-  asynchronously) and keeps at most ``max_inflight`` bytes ahead of what mincore says is resident.
+  asynchronously) and keeps at most ``max_inflight`` bytes ahead of what mincore says is resident;
+  a chunk whose residency stops growing (advice clamped or dropped) is read with pread instead.
 
 Cancellation is checked between chunks, so readers stop within one chunk (default 8 MiB).
 """
@@ -18,7 +19,7 @@ from collections import deque
 from pathlib import Path
 
 from coldstart.warm.base import MiB, BaseWarmer, ProgressFn, Range, WarmStats
-from coldstart.warm.residency import range_resident
+from coldstart.warm.residency import PAGE, _mincore_fd
 
 DEFAULT_CHUNK = 8 * MiB  # = read_ahead_kb here; large enough for full-size device requests
 DEFAULT_THREADS = 8  # like fast-vllm's 8 vmtouch processes; readers mostly wait on the device
@@ -122,19 +123,33 @@ class NativeWarmer(BaseWarmer):
         inflight: deque[tuple[Range, float]] = deque()
         inflight_bytes = 0
 
+        buf = bytearray(self.chunk)
+
         def settle(r: Range, issued_at: float) -> None:
-            # wait (cancellably) until the kernel has read the chunk; re-advise if it stalls
+            # wait (cancellably) until the kernel has read the chunk. The kernel may cut a WILLNEED
+            # short (it clamps one call to max(read_ahead_kb, the device's optimal I/O size)) or
+            # drop it under memory pressure: when residency stops growing, read the rest ourselves.
             fd = self._fds.get(r.path)
+            last, still = -1, 0
             while fd is not None and not self._cancel.is_set():
                 try:
-                    if range_resident(fd, r.offset, r.length):
-                        return
+                    n = int(_mincore_fd(fd, r.offset - r.offset % PAGE, r.length + r.offset % PAGE).sum())
                 except OSError:
                     return
-                if time.monotonic() - issued_at > 1.0:  # readahead dropped (memory pressure)
-                    os.posix_fadvise(fd, r.offset, r.length, os.POSIX_FADV_WILLNEED)
-                    issued_at = time.monotonic()
-                time.sleep(0.0005)
+                if n * PAGE >= r.length + r.offset % PAGE:
+                    return
+                still = still + 1 if n == last else 0
+                last = n
+                if still >= 20:  # ~20 ms without progress
+                    mv = memoryview(buf)
+                    got = 0
+                    while got < r.length and not self._cancel.is_set():
+                        k = os.preadv(fd, [mv[: r.length - got]], r.offset + got)
+                        if k <= 0:
+                            break
+                        got += k
+                    return
+                time.sleep(0.001)
 
         while not self._cancel.is_set():
             r = self._take()
