@@ -6,7 +6,6 @@ warming, never later.
 from __future__ import annotations
 
 import json
-import mmap
 import os
 import socket
 import subprocess
@@ -18,7 +17,7 @@ import pytest
 
 from coldstart.warm import evict, make_warmer, resident_bytes, start_warming
 from coldstart.warm.profile import PROFILE_NAME, ProfileRecorder, load_profile
-from coldstart.warm.residency import PAGE, ResidencySampler
+from coldstart.warm.residency import ResidencySampler
 
 MiB = 1 << 20
 CACHE = Path(os.environ.get("COLDSTART_CACHE", "/var/cache/coldstart"))

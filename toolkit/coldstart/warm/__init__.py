@@ -10,7 +10,7 @@ import logging
 import os
 from pathlib import Path
 
-from coldstart.warm.base import MiB, NullWarmer, Range, WarmStats, Warmer
+from coldstart.warm.base import NullWarmer, Range, WarmStats, Warmer
 from coldstart.warm.residency import ResidencySampler, evict, expand_paths, resident_bytes
 
 __all__ = ["start_warming", "make_warmer", "warm_modes", "default_profile", "Warmer", "WarmStats", "Range",

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
 
-from coldstart.warm.residency import PAGE, expand_paths
+from coldstart.warm.residency import expand_paths
 
 log = logging.getLogger("coldstart.warm")
 
