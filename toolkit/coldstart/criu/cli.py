@@ -67,7 +67,7 @@ def restore_command(
         mmap_pages = criu_supports_mmap(find_criu(variant))
     r = restore(images_dir, RestoreOptions(variant=variant, mmap_pages=mmap_min_kb if mmap_pages else None,
                                            pidns=pidns, work_dir=work_dir))
-    how = f"mmap (min {mmap_min_kb} KiB)" if mmap_pages else "copy"
+    how = (f"mmap, runs >= {mmap_min_kb} KiB" if mmap_min_kb else "mmap, criu's default minimum run") if mmap_pages else "copy"
     ns = f", pid {r.ns_pid} in its namespace" if r.pidns else ""
     typer.echo(f"restored pid {r.pid}{ns} in {r.seconds:.3f} s ({how}); log: {r.log_path}")
 
