@@ -363,3 +363,43 @@ def test_restore_records_profile_then_next_restore_follows_it(warm_dir, tmp_path
     (snap / "manifest.json").write_text(json.dumps({"model_digest": "def", "created_at": "later"}))
     w3 = start_warming([pages], mode="native", record=False)
     assert not w3.wait().profile_used
+
+
+@retry_on_external_drop
+def test_vmtouch_follows_profile_order(warm_dir, tmp_path):
+    """Both warmers share the plan: vmtouch launches the profile's ranges first, in order."""
+    from coldstart.warm.profile import Profile, ProfileRange
+
+    weights = warm_dir / "weights.flat"
+    size = weights.stat().st_size
+    prof = Profile(files={"weights.flat": size},
+                   ranges=[ProfileRange("weights.flat", 96 * MiB, 4 * MiB, 0.1, "pagecache"),
+                           ProfileRange("weights.flat", 8 * MiB, 4 * MiB, 0.2, "pagecache")])
+    path = prof.save(tmp_path / PROFILE_NAME)
+    (tmp_path / "weights.flat").unlink(missing_ok=True)
+    os.link(weights, tmp_path / "weights.flat")
+    _evict_all([weights])
+    w = start_warming([tmp_path / "weights.flat"], mode="vmtouch", threads=1, profile=path, record=False)
+    st = w.wait()
+    assert st.profile_used and st.errors == []
+    head = [(r.offset, r.length) for r in w.issued()[:2]]
+    assert head == [(96 * MiB, 4 * MiB), (8 * MiB, 4 * MiB)]
+    assert_fully_resident(weights)
+
+
+@retry_on_external_drop
+def test_willneed_completes_when_the_kernel_ignores_the_advice(warm_dir, monkeypatch):
+    """Fault injection: WILLNEED that reads nothing (as a kernel clamping or dropping readahead
+    would); the warmer notices residency not growing and reads the chunks itself."""
+    pages = warm_dir / "criu" / "pages-1.img"
+    _evict_all([pages])
+    real = os.posix_fadvise
+
+    def ignore_willneed(fd, off, n, advice):
+        if advice != os.POSIX_FADV_WILLNEED:
+            real(fd, off, n, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", ignore_willneed)
+    st = start_warming([pages], mode="native", method="willneed", record=False).wait()
+    assert st.finished and st.bytes == pages.stat().st_size
+    assert_fully_resident(pages)
