@@ -486,7 +486,12 @@ def test_cuda_copier_code_path_without_a_device(flat, src, monkeypatch):
     fake = FakeCuda()
     copier = loader_mod.CudaCopier("cuda:0", cuda=fake)
     # a pinned allocation that is not page-aligned: exercises the mmap + cudaHostRegister fallback
-    copier._pinned = lambda n: torch.empty(n + 64, dtype=torch.uint8)[64:]
+    def misaligned(n: int) -> torch.Tensor:
+        t = torch.empty(n + 128, dtype=torch.uint8)
+        k = 64 if (t.data_ptr() + 64) % 4096 else 128
+        return t[k:k + n]
+
+    copier._pinned = misaligned
     monkeypatch.setattr(loader_mod, "make_copier", lambda device, targets: copier)
     dest = _fresh(src)
     load_into(flat, dest, mode="staged", threads=2, buffers=2, chunk_bytes=64 * KIB, direct=True)
