@@ -41,10 +41,11 @@ class RestoreOptions:
     # patch's default minimum run; N > 0: map runs of at least N KiB (smaller runs are copied).
     mmap_pages: int | None = None
     pidns: bool = False  # restore into a fresh PID namespace (original PIDs may still be alive)
-    # pidns only. CRIU's start-up probes read /proc/<pid> of a forked helper, which needs a /proc
-    # of the new namespace unless its kerndat cache exists (saved only on a tmpfs RUNDIR).
-    # None: --mount-proc only when no cache can be found or made; True/False: force.
-    mount_proc: bool | None = None
+    # pidns only. CRIU's start-up probes read /proc/<pid> of forked helpers, which needs a /proc
+    # of the new namespace unless CRIU's kerndat cache is valid (only a build with a tmpfs RUNDIR
+    # keeps one, and every rebuild invalidates it), so --mount-proc by default. False is for
+    # callers that know the cache is there (vLLM restores were seen to break with --mount-proc).
+    mount_proc: bool = True
     detach: bool = True  # without pidns: let CRIU exit once the tree runs (else CRIU stays its parent)
     tcp_established: bool = True
     shell_job: bool = True
@@ -182,23 +183,6 @@ def _kill(pid: int) -> None:
         pass
 
 
-KDAT_CANDIDATES = (Path("/run/criu.kdat"), Path("/dev/shm/criu.kdat"))
-
-
-_KDAT_TRIED: set[str] = set()
-
-
-def kerndat_cached(criu: Path) -> bool:
-    """True if CRIU's kernel-feature cache exists (made by one `criu check` outside any namespace;
-    tried once per binary and process: a non-tmpfs RUNDIR never gets one)."""
-    if any(p.exists() for p in KDAT_CANDIDATES):
-        return True
-    if str(criu) not in _KDAT_TRIED:
-        _KDAT_TRIED.add(str(criu))
-        subprocess.run([str(criu), "check"], capture_output=True, timeout=60)
-    return any(p.exists() for p in KDAT_CANDIDATES)
-
-
 def restore_argv(criu: Path, images_dir: Path, work: Path, opts: RestoreOptions) -> list[str]:
     a = [str(criu), "restore", "-D", str(images_dir), "-W", str(work), "-o", "restore.log",
          f"-v{opts.log_level}", "--pidfile", str(work / "restored.pid")]
@@ -214,8 +198,7 @@ def restore_argv(criu: Path, images_dir: Path, work: Path, opts: RestoreOptions)
     a += list(opts.extra_args)
     if opts.pidns:
         # --kill-child: if the launcher dies, the namespace (and the restored tree) dies with it
-        mount_proc = opts.mount_proc if opts.mount_proc is not None else not kerndat_cached(criu)
-        a = ["unshare", "--pid", "--fork", "--kill-child"] + (["--mount-proc"] if mount_proc else []) + ["setsid"] + a
+        a = ["unshare", "--pid", "--fork", "--kill-child"] + (["--mount-proc"] if opts.mount_proc else []) + ["setsid"] + a
     return a
 
 
