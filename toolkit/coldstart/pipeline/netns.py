@@ -31,20 +31,22 @@ def _setns(path: str, nstype: int) -> None:
 def wrap_argv(argv: list[str], shm_sources: list[Path] | None = None, private_net: bool = False) -> list[str]:
     """``argv`` (a ``criu restore``) as PID 1 of a fresh PID namespace (the restored tree keeps its
     dumped PIDs there, whatever runs on the host), session leader (``setsid``: required by CRIU for
-    a vLLM tree here), killed with its launcher (``--kill-child``). With ``private_net`` also a new
+    a vLLM tree here), killed with its launcher (``--kill-child``), with that namespace's own /proc
+    (``--mount-proc``: CRIU's kernel-feature probe needs it, /run being no tmpfs here it has no
+    cached copy, and the restored server's /proc/<pid> paths then name itself). With ``private_net`` also a new
     network + mount namespace: ``lo`` up, a private tmpfs on /dev/shm holding ``shm_sources``."""
     import shlex
     import shutil
 
     unshare = shutil.which("unshare") or "unshare"
     if not private_net:
-        return [unshare, "--pid", "--fork", "--kill-child", "setsid", *argv]
+        return [unshare, "--pid", "--fork", "--kill-child", "--mount-proc", "setsid", *argv]
     ip = shutil.which("ip") or "ip"
     script = "set -e; {ip} link set lo up; mount -t tmpfs -o mode=1777 tmpfs /dev/shm; ".format(ip=shlex.quote(ip))
     if shm_sources:
         script += "cp -p --sparse=always -- " + " ".join(shlex.quote(str(p)) for p in shm_sources) + " /dev/shm/; "
     script += "exec setsid " + " ".join(shlex.quote(a) for a in argv)
-    return [unshare, "--pid", "--fork", "--kill-child", "--net", "--mount", "--propagation", "private", "--",
+    return [unshare, "--pid", "--fork", "--kill-child", "--mount-proc", "--net", "--mount", "--propagation", "private", "--",
             "/bin/sh", "-c", script]
 
 

@@ -249,6 +249,8 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) -
                 raise RestoreFailed(f"criu restore did not finish within {opts.timeout:.0f} s")
             time.sleep(0.002)
     finally:
+        if net == "host":
+            _remove_placed_remaps(snap)
         lock.__exit__(None, None, None)
     root_pid = _host_root(popen.pid)
     if not root_pid:
@@ -320,6 +322,16 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) -
             except Exception:
                 pass
         raise
+
+
+def _remove_placed_remaps(snap: Path) -> None:
+    """CRIU has used (or failed to use) the link_remap files we put in /dev/shm: remove them, so they
+    cannot block the next dump (their names repeat across vLLM trees)."""
+    remaps = snap / "link-remaps"
+    if not remaps.is_dir():
+        return
+    for src in remaps.iterdir():
+        (SHM / src.name).unlink(missing_ok=True)
 
 
 def _host_root(launcher_pid: int) -> int:
