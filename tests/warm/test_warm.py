@@ -264,7 +264,7 @@ def test_profile_sees_mmap_accesses_even_when_cached(warm_dir):
     try:
         for _ in offsets:
             assert p.stdout.readline().startswith("touched")
-            time.sleep(0.7)  # > the recorder's maps refresh (0.5 s): a sample sees this step alone
+            time.sleep(0.3)  # > the recorder's maps refresh (0.2 s): a sample sees this step alone
             p.stdin.write("\n")
             p.stdin.flush()
         prof = rec.stop()
@@ -338,7 +338,7 @@ def test_restore_records_profile_then_next_restore_follows_it(warm_dir, tmp_path
     try:
         for _ in offsets:
             assert p.stdout.readline().startswith("touched")
-            time.sleep(0.6)  # > the recorder's maps refresh (0.5 s)
+            time.sleep(0.3)  # > the recorder's maps refresh (0.2 s)
             w.recorder.sync()
             p.stdin.write("\n")
             p.stdin.flush()
