@@ -125,6 +125,12 @@ def test_load_format_coldstart_and_clean_stop(tiny_model_dir, flat_dump, canary,
         client = EngineClient(spec.base_url)
         assert _complete(client, canary_prompt) == canary
         assert "coldstart: loaded weights from" in spec.log_path.read_text()
+        # vLLM's own reload entry point reloads from the flat dump too (sleep, wake, reload)
+        client.sleep(2)
+        client.wake_up()
+        res = client.collective_rpc("reload_weights")[0]
+        assert res["flat"] == str(flat_dump) and res["bytes"] > 0
+        assert _complete(client, canary_prompt) == canary
         pids = eng.pids()
         shm = eng.shm_paths()
         assert len(pids) >= 3

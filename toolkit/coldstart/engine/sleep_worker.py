@@ -168,6 +168,9 @@ class ColdstartRPCMixin:
             if (p / "weights.flat").is_file() and (p / "weights.index.json").is_file():
                 return self.coldstart_reload(wp)
             kwargs["weights_path"] = wp
+        elif not args and self.vllm_config.load_config.load_format == "coldstart":  # type: ignore[attr-defined]
+            # served from a flat dump: vLLM's reload cannot read it (kernel-format names); ours can
+            return self.coldstart_reload()
         if "is_checkpoint_format" in kwargs:
             kwargs["is_checkpoint_format"] = bool(decode_arg(kwargs["is_checkpoint_format"]))
         t0 = time.perf_counter()
