@@ -112,9 +112,21 @@ def start_and_dump(bin_: Path, args: list[str], work: Path, before: list[str] | 
     ctl = Ctl(work / "ctl")
     p, ready = ctl.start([str(bin_), *args, str(ctl.dir)] if args is not None else [str(bin_)], env=env)
     facts = {"ready": ready, "pid": p.pid}
-    for cmd in before or []:
-        facts[cmd] = ctl.request(p.pid, cmd)
-    r = dump(p.pid, work / "images", DumpOptions(leave_running=leave_running, **DUMP))
+    try:
+        for cmd in before or []:
+            facts[cmd] = ctl.request(p.pid, cmd)
+        r = dump(p.pid, work / "images", DumpOptions(leave_running=leave_running, **DUMP))
+    except BaseException:
+        # a failed dump leaves the tree running: never leak it (the tree may have children)
+        from coldstart.criu.restore import descendants
+
+        for pid in [p.pid] + descendants(p.pid):
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        p.wait(30)
+        raise
     facts["dump"] = r
     if not leave_running:
         p.wait(30)

@@ -32,6 +32,8 @@ def test_dump_and_restore_in_pidns(bins, tmp_path):
     p, _ = ctl.start([str(bins["memhold"]), "16", "4", str(ctl.dir)])
     digest = ctl.request(p.pid, "digest")
     d = run("criu", "dump", str(p.pid), str(tmp_path / "img"))
+    if d.returncode != 0:
+        p.kill()
     assert d.returncode == 0, d.stderr
     p.wait(30)
     again = run("criu", "dump", "1", str(tmp_path / "img"))

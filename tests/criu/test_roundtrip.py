@@ -67,7 +67,12 @@ def test_madv_dontneed_after_restore(mem1g, restore_mode):
 def test_restore_in_new_pidns_while_original_alive(bins, tmp_path, restore_mode):
     held = start_and_dump(bins["memhold"], ["64", "21"], tmp_path, before=["digest"], leave_running=True)
     orig = held.facts["proc"]
-    r = held.restore(ropts(restore_mode, pidns=True))
+    try:
+        r = held.restore(ropts(restore_mode, pidns=True))
+    except BaseException:
+        orig.kill()
+        orig.wait()
+        raise
     try:
         assert orig.poll() is None and alive(orig.pid)
         assert r.pid != orig.pid and r.ns_pid == orig.pid

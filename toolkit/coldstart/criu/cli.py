@@ -28,10 +28,12 @@ def check_command(
     if info.get("patch"):
         typer.echo(f"patches:     {info['patch']}")
     r = subprocess.run([str(criu), "check"], capture_output=True, text=True)
-    out = (r.stdout + r.stderr).strip()
+    # the verdict ("Looks good.") is on stdout; warnings (e.g. a stale kerndat cache) on stderr
+    out = r.stdout.strip() or r.stderr.strip()
     typer.echo(f"criu check:  {out.splitlines()[-1] if out else '(no output)'}")
     if r.returncode != 0:
-        raise ColdstartError(f"`{criu} check` failed: {out.splitlines()[-1] if out else r.returncode}")
+        err = [x for x in (r.stdout + r.stderr).splitlines() if "Error" in x] or (r.stdout + r.stderr).splitlines()
+        raise ColdstartError(f"`{criu} check` failed: {err[-1] if err else r.returncode}")
 
 
 @sub.command("dump")
