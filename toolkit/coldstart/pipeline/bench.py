@@ -190,6 +190,13 @@ def bench_restore(
                 print(json.dumps({k: row[k] for k in ("model", "method", "rep", "first_token_s", "phases")}),
                       file=sys.stderr, flush=True)
         shutil.rmtree(snap, ignore_errors=True)
+    text = restore_table(rows)
+    _write(out, rows, text, ["coldstart", "bench", "restore", *sys.argv[3:]])
+    print(text)
+
+
+def restore_table(rows: list[dict], note: str = "") -> str:
+    """table.md of the restore-vs-cold benchmark from its rows (medians per model and method)."""
     lines = ["# Naive cold start → first token vs `coldstart restore` → first token", "", _host_line(), "",
              "Both in one run, interleaved, page cache as left by the previous run (warm). Cold start = "
              "vLLM OpenAI server (eager) from process start to the first completion; restore = manifest "
@@ -216,9 +223,7 @@ def bench_restore(
                   and r["phases"].get(k) is not None]
             ph[k] = f"{statistics.median(xs):.3f}" if xs else "-"
         phase_lines.append(f"| {size} | " + " | ".join(ph.values()) + " |")
-    text = "\n".join(lines + phase_lines) + "\n"
-    _write(out, rows, text, ["coldstart", "bench", "restore", *sys.argv[3:]])
-    print(text)
+    return "\n".join(lines + phase_lines + ([""] + [note] if note else [])) + "\n"
 
 
 def register(bench: typer.Typer) -> None:
