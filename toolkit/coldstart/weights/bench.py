@@ -790,6 +790,7 @@ def run_bench(cfg: BenchConfig, progress: Optional[Callable[[int, int, str], Non
         summary = summarize(records, cfg, host, skipped, prep)
         (staging / "table.md").write_text(summary.table_md)
         (staging / "COMMAND").write_text(cfg.command.strip() + "\n")
+        host["skipped"] = skipped
         (staging / "host.json").write_text(json.dumps(host, indent=2, sort_keys=True, default=str) + "\n")
         _publish(staging, cfg.out)
     except BaseException:
@@ -1008,6 +1009,20 @@ def summarize(records: list[dict], cfg: BenchConfig, host: dict, skipped: dict[s
         lines.append(f"- cold: highest residency of the read files before a timed repetition: {max(res_cold):.2%}")
     if res_warm:
         lines.append(f"- warm: lowest residency before a timed repetition: {min(res_warm):.2%}")
+    low = [r for r in records if r["cache"] == "warm" and r["resident_before"] < 0.95]
+    high = [r for r in records if r["cache"] == "cold" and r["resident_before"] > 0.01]
+    if low:
+        lines.append(f"- {len(low)} of {sum(r['cache'] == 'warm' for r in records)} warm repetitions started with less "
+                     f"than 95 % of their files resident (memory pressure from other work on the host evicted them "
+                     f"between the warming read and the check); they are kept in the medians: "
+                     + ", ".join(f"{r['method']}/{r['config']} rep {r['rep']} {r['resident_before']:.0%}" for r in low))
+    if high:
+        lines.append(f"- {len(high)} cold repetitions started with more than 1 % resident: "
+                     + ", ".join(f"{r['method']}/{r['config']} rep {r['rep']} {r['resident_before']:.0%}" for r in high))
+    loads = [r["loadavg1"] for r in records]
+    if loads:
+        lines.append(f"- host load average (1 min) during the run: median {_median(loads):.1f}, "
+                     f"max {max(loads):.1f} on {host['cpus']} CPUs")
     if ev:
         lines.append("- eviction self-test on the flat file: " + ", ".join(f"{k} = {v if isinstance(v, str) else f'{v:.2%}'}"
                                                                       for k, v in ev.items()))
