@@ -200,7 +200,7 @@ def restore_table(rows: list[dict], note: str = "") -> str:
     lines = ["# Naive cold start → first token vs `coldstart restore` → first token", "", _host_line(), "",
              "Both in one run, interleaved, page cache as left by the previous run (warm). Cold start = "
              "vLLM OpenAI server (eager) from process start to the first completion; restore = manifest "
-             "check → CRIU restore (patched: mmap) → /health → wake → reload from the flat file → wake KV "
+             "check → CRIU restore (patched criu; `--mmap-pages` passed when the binary offers it) → /health → wake → reload from the flat file → wake KV "
              "→ canary, measured from the call's start. Python start-up of the entrypoint itself is in "
              "neither.", "",
              "| model | cold start (s) | restore (s) | speed-up | runs | target ≥ 20× |", "|---|---|---|---|---|---|"]
