@@ -23,7 +23,6 @@ import gc
 import hashlib
 import inspect
 import json
-import math
 import os
 import platform
 import random
@@ -1048,7 +1047,7 @@ def bench_load_command(
     cache: str = typer.Option("cold,warm", "--cache", help="cache states: cold,warm"),
     evict_method: str = typer.Option("drop_caches", "--evict",
                                      help="cold = drop_caches (global, + fadvise) or fadvise (the read files only)"),
-    quick: bool = typer.Option(False, "--quick", help="2 fio configs, 1 warm-limit config, loader default only"),
+    quick: bool = typer.Option(False, "--quick", help="2 fio configs, 1 warm-limit config, the loader default (+ O_DIRECT cold) only"),
     seed: int = typer.Option(0, "--seed", help="seed of the shuffled order"),
     work_dir: Optional[Path] = typer.Option(None, "--work-dir",
                                             help="where the flat dump and tensorizer file are cached [default: $COLDSTART_CACHE/bench-load/...]"),
