@@ -26,6 +26,7 @@ class Raw:
     experiment: dict[str, Any]
     runs: list[dict[str, Any]]  # run records (timed cells only)
     prepare: list[dict[str, Any]]
+    fallbacks: dict[str, str] | None = None  # run id -> FALLBACK reason
 
 
 def load_raw(results: Path) -> Raw:
@@ -38,6 +39,7 @@ def load_raw(results: Path) -> Raw:
         raise ColdstartError(f"no raw.jsonl in {results}")
     exp: dict[str, Any] = {}
     runs, prep = [], []
+    reasons: dict[str, str] = {}
     with open(path) as f:
         for i, line in enumerate(f, 1):
             if not line.strip():
@@ -51,9 +53,11 @@ def load_raw(results: Path) -> Raw:
                 exp = rec
             elif kind == "run":
                 (prep if rec.get("prepare") else runs).append(rec)
+            elif kind == "event" and rec.get("name") == "FALLBACK":
+                reasons[str(rec.get("run"))] = str((rec.get("attrs") or {}).get("reason", ""))
     if not runs:
         raise ColdstartError(f"{path}: no runs recorded")
-    return Raw(exp, runs, prep)
+    return Raw(exp, runs, prep, reasons)
 
 
 def _pct(vals: list[float], q: float) -> float:
@@ -185,7 +189,10 @@ def write_markdown(raw: Raw, rows: list[Row], outcomes, command: str | None) -> 
             lines.append(f"- {r['run']}: {r.get('error', '')}")
     fb = [r for r in raw.runs if r.get("outcome") == "fallback"]
     if fb:
-        lines += ["", f"{len(fb)} run(s) fell back to a cold start; their time includes the cold boot."]
+        lines += ["", "## Fallbacks", "",
+                  f"{len(fb)} run(s) fell back to a cold start (their time includes the cold boot):", ""]
+        for r in fb:
+            lines.append(f"- {r['run']}: {(raw.fallbacks or {}).get(r['run'], '?')[:300]}")
     lines += ["", "Files: raw.jsonl (every event of every run + host facts), summary.csv (all phases, p10/p90, "
               "ratios), phases.png, distributions.png.", ""]
     return "\n".join(lines)
@@ -212,26 +219,34 @@ def plot(raw: Raw, rows: list[Row], out: Path) -> list[Path]:
     labels = [_label(*k, nmodels) for k in keys]
     paths = []
 
-    fig, ax = plt.subplots(figsize=(10, 0.55 * len(keys) + 1.8))
-    left = [0.0] * len(keys)
+    kinds = {(r["model"], r["variant"], r["cache"]): r.get("kind", "") for r in raw.runs}
+    zoom = [k for k in keys if kinds.get(k) != "cold"]
+    panels = [(keys, "all variants")] + ([(zoom, "without the naive cold start (zoom)")]
+                                         if zoom and len(zoom) < len(keys) else [])
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, sum(0.5 * len(ks) + 1.4 for ks, _ in panels) + 0.6),
+                             squeeze=False)
     cmap = plt.get_cmap("tab10")
-    for i, ph in enumerate([*STACKED, "other"]):
-        vals = []
-        for j, k in enumerate(keys):
-            if ph == "other":
-                tot = by.get((*k, TOTAL))
-                v = max(tot.median - left[j], 0.0) if tot else 0.0
-            else:
-                v = by[(*k, ph)].median if (*k, ph) in by else 0.0
-            vals.append(v)
-        if not any(vals):
-            continue
-        ax.barh(labels, vals, left=left, color=cmap(i % 10) if ph != "other" else "#bbbbbb", label=ph)
-        left = [a + b for a, b in zip(left, vals)]
-    ax.invert_yaxis()
-    ax.set_xlabel("seconds (median), start → first token")
-    ax.set_title(f"{raw.experiment.get('name', '')}: where the time goes (CPU-measured)")
-    ax.legend(loc="lower right", fontsize=8)
+    for ax, (ks, sub) in zip(axes[:, 0], panels):
+        labs = [_label(*k, nmodels) for k in ks]
+        left = [0.0] * len(ks)
+        for i, ph in enumerate([*STACKED, "other"]):
+            vals = []
+            for j, k in enumerate(ks):
+                if ph == "other":
+                    tot = by.get((*k, TOTAL))
+                    v = max(tot.median - left[j], 0.0) if tot else 0.0
+                else:
+                    v = by[(*k, ph)].median if (*k, ph) in by else 0.0
+                vals.append(v)
+            if not any(vals):
+                continue
+            name = "other (imports, gaps; naive: the whole cold boot)" if ph == "other" else ph
+            ax.barh(labs, vals, left=left, color=cmap(i % 10) if ph != "other" else "#bbbbbb", label=name)
+            left = [a + b for a, b in zip(left, vals)]
+        ax.invert_yaxis()
+        ax.set_xlabel("seconds (median), start → first token")
+        ax.set_title(f"{raw.experiment.get('name', '')}: where the time goes, {sub} (CPU-measured)", fontsize=10)
+        ax.legend(loc="lower right", fontsize=7)
     fig.tight_layout()
     p = out / "phases.png"
     fig.savefig(p, dpi=110)
