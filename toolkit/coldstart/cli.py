@@ -21,7 +21,7 @@ def _register() -> None:
     # the others' start-up; each stage module exposes `app` and optionally `register(app, bench)`.
     import importlib
 
-    for stage in ("models", "weights", "criu", "warm", "engine", "pipeline", "matrix", "metrics", "containers"):
+    for stage in ("models", "weights", "criu", "warm", "engine", "pipeline", "matrix", "metrics"):
         try:
             mod = importlib.import_module(f"coldstart.{stage}.cli")
         except ModuleNotFoundError as e:
