@@ -86,7 +86,17 @@ def restore(opts: RestoreOptions, say: Callable[[str], None] = print) -> Restore
     try:
         m = read_manifest(snap)
         tl.labels["model"] = Path(m.model).name
-        return _restore(snap, m, opts, tl, say)
+        try:
+            return _restore(snap, m, opts, tl, say)
+        except RestoreFailed as e:
+            # The dumped loopback TCP connections (gloo) come back with their exact 4-tuples; right
+            # after another copy of this snapshot stopped on this host they can still be in TIME_WAIT.
+            # A private network namespace has none of them: retry there once (auto mode only).
+            if opts.net != "auto" or not any(k in str(e) for k in ("inet socket back", "Address already in use")):
+                raise
+            say(f"restore in the host network failed ({str(e)[:120]}...); retrying in a private one")
+            tl.mark(EventName.FALLBACK, reason="host network busy: retry with --net private")
+            return _restore(snap, m, RestoreOptions(**{**opts.__dict__, "net": "private"}), tl, say)
     except Exception as e:  # the entrypoint's promise: whatever went wrong, still serve (cold)
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         if not isinstance(e, (ColdstartError, OSError, subprocess.SubprocessError, TimeoutError)):
