@@ -95,7 +95,7 @@ def restore(opts: RestoreOptions, say: Callable[[str], None] = print) -> Restore
             if opts.net != "auto" or not any(k in str(e) for k in ("inet socket back", "Address already in use")):
                 raise
             say(f"restore in the host network failed ({str(e)[:120]}...); retrying in a private one")
-            tl.mark(EventName.FALLBACK, reason="host network busy: retry with --net private")
+            tl.mark("RESTORE_RETRY", reason="host network busy: retrying with --net private")
             return _restore(snap, m, RestoreOptions(**{**opts.__dict__, "net": "private"}), tl, say)
     except Exception as e:  # the entrypoint's promise: whatever went wrong, still serve (cold)
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
