@@ -178,7 +178,7 @@ def bench_restore(
                     eng.stop()
                     ok, reason = True, None
                 else:
-                    res = restore(RestoreOptions(snapshot=snap, fallback=False, net="host", timeout=900),
+                    res = restore(RestoreOptions(snapshot=snap, fallback=False, net="auto", timeout=900),
                                   say=lambda s: print(s, file=sys.stderr, flush=True))
                     tl, ok, reason = res.timeline, res.canary_ok, res.fallback_reason
                     res.stop()
