@@ -59,16 +59,15 @@ def _wait(pred, what: str, timeout: float = 60.0):
 
 
 @pytest.fixture(scope="session")
-def real_runs(observability, tiny_model_dir, tmp_path_factory):
+def real_runs(observability, tiny_model_dir, tiny_snapshot, tmp_path_factory):
     """Checkpoint, restore, fallback and probe for real; every run pushed to the Pushgateway."""
     from coldstart.matrix.runner import run_experiment
     from coldstart.matrix.spec import parse_experiment
-    from coldstart.pipeline.checkpoint import CheckpointOptions, checkpoint
     from coldstart.weights.dump import dump_safetensors
 
     d = tmp_path_factory.mktemp("metrics-live")
     gw = observability["pushgateway"]
-    _, ckpt = checkpoint(CheckpointOptions(model=tiny_model_dir, out=d / "snap", port=free_port()), say=print)
+    snap, ckpt = tiny_snapshot.out, tiny_snapshot.timeline  # the session's one checkpoint
     ckpt.labels.update(variant="metrics-test")
     push_timeline(ckpt, gw, instance="checkpoint-metrics-test")
     flat = d / "flat"
@@ -79,9 +78,9 @@ def real_runs(observability, tiny_model_dir, tmp_path_factory):
                        "timeout_s": 1200},
         "models": {"tiny": {"path": str(tiny_model_dir)}},
         "variants": [
-            {"name": "restore", "command": cell + ["restore", str(d / "snap"), "--timeline-out", "{timeline}"]},
+            {"name": "restore", "command": cell + ["restore", str(snap), "--timeline-out", "{timeline}"]},
             {"name": "restore-no-criu", "env": {"COLDSTART_CRIU": str(d / "no-such-criu")},
-             "command": cell + ["restore", str(d / "snap"), "--timeline-out", "{timeline}"]},
+             "command": cell + ["restore", str(snap), "--timeline-out", "{timeline}"]},
             {"name": "probe", "kind": "probe",
              "command": cell + ["probe", str(flat), "--timeline-out", "{timeline}", "--warm", "native"]},
         ],

@@ -17,15 +17,9 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def snapshot(tiny_model_dir, tmp_path_factory):
-    """(snapshot dir, manifest) of the tiny model, made once per session with the patched criu
-    (stock if the patched build is missing)."""
-    from coldstart.pipeline.checkpoint import CheckpointOptions, checkpoint
-
-    out = tmp_path_factory.mktemp("pipeline") / "snap"
-    m, _ = checkpoint(CheckpointOptions(model=tiny_model_dir, out=out, port=free_port()), say=print)
-    yield out, m
-    shutil.rmtree(out, ignore_errors=True)
+def snapshot(tiny_snapshot):
+    """(snapshot dir, manifest) of the tiny model: the session's one checkpoint (tests/conftest.py)."""
+    return tiny_snapshot.out, tiny_snapshot.manifest
 
 
 @pytest.fixture

@@ -52,6 +52,9 @@ def restore_cmd(
     net: str = typer.Option("auto", help="host (containers) | private (own netns + forwarder) | auto."),
     port: Optional[int] = typer.Option(None, help="Host port (private net: the forwarder's; cold boot: vLLM's)."),
     timeline_out: Optional[Path] = typer.Option(None, help="Append the timing events (jsonl) here."),
+    metrics_gateway: Optional[str] = typer.Option(None, help="Push this restore's timing metrics to this Pushgateway URL."),
+    metrics_port: Optional[int] = typer.Option(None, help="Serve /metrics on 127.0.0.1:PORT while the entrypoint serves."),
+    variant: str = typer.Option("default", help="The `variant` label of the metrics."),
 ) -> None:
     """Restore a snapshot and serve (the container entrypoint); any failure → cold boot, reason printed."""
     from rich.console import Console
@@ -63,6 +66,14 @@ def restore_cmd(
     Console(stderr=True).print(res.timeline.table())
     if timeline_out:
         res.timeline.write_jsonl(timeline_out)
+    if metrics_gateway:
+        from coldstart.metrics.export import push_timeline
+
+        push_timeline(res.timeline, metrics_gateway, variant=variant)
+    if metrics_port and serve:
+        from coldstart.metrics.export import serve_metrics
+
+        serve_metrics(metrics_port, res.timeline, variant=variant)
     status = "restored" if res.restored else f"cold boot (fallback: {res.fallback_reason})"
     print(json.dumps({"url": res.base_url, "pid": res.engine.root_pid, "restored": res.restored,
                       "fallback_reason": res.fallback_reason, "canary_ok": res.canary_ok}), flush=True)
