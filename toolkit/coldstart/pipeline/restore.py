@@ -344,16 +344,27 @@ def _remove_placed_remaps(snap: Path) -> None:
         (SHM / src.name).unlink(missing_ok=True)
 
 
-def _host_root(launcher_pid: int) -> int:
-    """Host PID of the restored root: unshare → criu (PID 1 of the new namespace) → root."""
+def _host_root(launcher_pid: int, settle: float = 5.0) -> int:
+    """Host PID of the restored root: unshare → criu (PID 1 of the new namespace) → root.
+
+    Right after post-resume criu can still have exiting helper children (zombies, or helpers that
+    have not exited yet): wait up to ``settle`` seconds for exactly one live child, instead of
+    failing the restore on a momentary second child (seen under heavy load)."""
     import psutil
 
-    try:
-        inits = psutil.Process(launcher_pid).children()
-        roots = inits[0].children() if inits else []
-    except psutil.NoSuchProcess:
-        return 0
-    return roots[0].pid if len(roots) == 1 else 0
+    deadline = time.monotonic() + settle
+    while True:
+        try:
+            inits = psutil.Process(launcher_pid).children()
+            roots = [c for c in (inits[0].children() if inits else [])
+                     if c.status() != psutil.STATUS_ZOMBIE]
+        except psutil.NoSuchProcess:
+            return 0
+        if len(roots) == 1:
+            return roots[0].pid
+        if time.monotonic() > deadline:
+            return 0
+        time.sleep(0.02)
 
 
 def _finish_warm(warmer, tl: Timeline) -> None:
