@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import subprocess
 import tempfile
 import time
@@ -37,25 +36,14 @@ def find(variant: str = "patched") -> str:
         if not (os.path.isfile(env) and os.access(env, os.X_OK)):
             raise ColdstartError(f"criu binary {env} (COLDSTART_CRIU) does not exist or is not executable")
         return env
-    try:
-        from coldstart.criu.locate import find_criu  # the criu stage, when present
+    from coldstart.criu.locate import find_criu  # one place knows where our builds live
 
+    try:
         return str(find_criu(variant))
-    except ImportError:
-        pass
     except ColdstartError:
         if variant != "stock":
-            return find("stock")
+            return find("stock")  # restore still works without the patch, only slower
         raise
-    cache = Path(os.environ.get("COLDSTART_CACHE", "/var/cache/coldstart")) / "criu"
-    for cand in (cache / f"current-{variant}" / "sbin" / "criu", cache / "current-stock" / "sbin" / "criu",
-                 *sorted(cache.glob(f"{variant}-*/sbin/criu")), *sorted(cache.glob("stock-*/sbin/criu"))):
-        if cand.is_file() and os.access(cand, os.X_OK):
-            return str(cand)
-    which = shutil.which("criu")
-    if which:
-        return which
-    raise ColdstartError("no criu binary found (run `make setup`, or set COLDSTART_CRIU)")
 
 
 def supports_mmap_pages(criu: str) -> bool:
