@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 
 from coldstart.errors import ColdstartError
+from coldstart.fsutil import fsync_dir, fsync_tree  # noqa: F401  (re-exported for the criu stage)
 
 
 def resolve_criu(variant: str = "patched", criu_path: str | Path | None = None) -> Path:
@@ -34,27 +35,3 @@ def shared_flags(*, tcp_established: bool, shell_job: bool, ext_unix_sk: bool, f
     if network_lock:
         a += ["--network-lock", network_lock]
     return a
-
-
-def fsync_tree(d: Path) -> None:
-    """fsync every file and directory under `d` (then the caller renames `d` into place)."""
-    for root, dirs, files in os.walk(d):
-        for name in files:
-            fd = os.open(os.path.join(root, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def fsync_dir(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from coldstart.errors import ColdstartError
+from coldstart.fsutil import fsync_dir, fsync_tree
 
 
 @dataclass(frozen=True)
@@ -202,7 +203,7 @@ def make_tiny(out_dir: Path, size: str = "tiny", seed: int = 0, *, overwrite: bo
                        indent=2, sort_keys=True) + "\n")
         for p in staging.iterdir():
             p.chmod(0o644)  # safetensors writes 0600; models are shared read-only by every user/container
-        _fsync_tree(staging)
+        fsync_tree(staging)
         if out_dir.exists():  # overwrite (or an empty directory): move the old one aside first
             old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
             os.rename(out_dir, old)
@@ -214,7 +215,7 @@ def make_tiny(out_dir: Path, size: str = "tiny", seed: int = 0, *, overwrite: bo
                 shutil.rmtree(staging, ignore_errors=True)
                 return out_dir
             raise
-        _fsync_dir(out_dir.parent)
+        fsync_dir(out_dir.parent)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -229,20 +230,3 @@ def _same_model(out_dir: Path, size: str, seed: int) -> bool:
     return meta.get("size") == size and meta.get("seed") == seed and (out_dir / "model.safetensors").exists()
 
 
-def _fsync_dir(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(d: Path) -> None:
-    for p in d.iterdir():
-        if p.is_file():
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-    _fsync_dir(d)

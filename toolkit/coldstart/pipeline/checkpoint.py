@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from coldstart.errors import ColdstartError
+from coldstart.fsutil import fsync_tree
 from coldstart.pipeline import _criu, hostfacts
 from coldstart.pipeline.events import EventName, Timeline
 from coldstart.pipeline.manifest import (MANIFEST_NAME, Canary, Manifest, inventory, tree_digest,
@@ -81,22 +82,6 @@ def remove_stale_link_remaps(max_age: float = 120.0) -> list[str]:
         except OSError:
             pass
     return removed
-
-
-def _fsync_tree(root: Path) -> None:
-    for p in sorted(root.rglob("*")):
-        if p.is_file() and not p.is_symlink():
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-    for d in [root, *(p for p in root.rglob("*") if p.is_dir())]:
-        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def _prepare_out(out: Path):
@@ -234,7 +219,7 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
         )
         m.timings = {e.name: e.t for e in tl.events}
         m.timings["kv_cache_bytes"] = opts.kv_cache_bytes
-        _fsync_tree(out)
+        fsync_tree(out)
         tl.mark(EventName.PUBLISHED, bytes=sum(f.size for f in files.values()))
         m.timings = {e.name: e.t for e in tl.events}
         write_manifest(out, m)

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from coldstart.errors import ColdstartError
+from coldstart.fsutil import fsync_dir  # noqa: F401  (re-exported: weights.dump imports it from here)
 
 FORMAT_VERSION = 1
 DATA_NAME = "weights.flat"
@@ -183,11 +184,3 @@ def dtype_name(dt) -> str:
     if name not in DTYPE_SIZES:
         raise ColdstartError(f"dtype {name} is not supported by the flat format")
     return name
-
-
-def fsync_dir(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
