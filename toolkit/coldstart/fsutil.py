@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 
@@ -15,12 +16,13 @@ def fsync_dir(d: Path) -> None:
 
 
 def fsync_tree(root: Path) -> None:
-    """fsync every regular file and directory under ``root`` (symlinks are left alone), before the
-    caller renames it into place or writes the marker that publishes it."""
+    """fsync every regular file and directory under ``root`` (symlinks, sockets and FIFOs are left
+    alone: a live run dir holds vLLM's RPC sockets), before the caller renames it into place or
+    writes the marker that publishes it."""
     for dirpath, _dirs, files in os.walk(root):
         for name in files:
             p = os.path.join(dirpath, name)
-            if os.path.islink(p):
+            if not stat.S_ISREG(os.lstat(p).st_mode):
                 continue
             fd = os.open(p, os.O_RDONLY)
             try:
