@@ -76,12 +76,17 @@ def _pid_ppid(msg: bytes) -> tuple[int | None, int | None]:
 
 def _entries(path: Path) -> list[bytes]:
     """The length-prefixed protobuf entries of a CRIU image file (after its magic)."""
+    return [msg for _, msg in _entries_at(path)]
+
+
+def _entries_at(path: Path) -> list[tuple[int, bytes]]:
+    """(byte offset, entry) of every length-prefixed protobuf entry of a CRIU image file."""
     data = path.read_bytes()
     if len(data) < 8:
         raise ColdstartError(f"{path}: too short to be a CRIU image ({len(data)} bytes)")
     (m0,) = struct.unpack_from("<I", data, 0)
     i = 8 if m0 in (IMG_COMMON_MAGIC, IMG_SERVICE_MAGIC) else 4
-    out: list[bytes] = []
+    out: list[tuple[int, bytes]] = []
     while i < len(data):
         if i + 4 > len(data):
             raise ColdstartError(f"{path}: truncated entry header at byte {i}")
@@ -89,7 +94,7 @@ def _entries(path: Path) -> list[bytes]:
         i += 4
         if i + n > len(data):
             raise ColdstartError(f"{path}: truncated entry at byte {i} (wants {n} bytes)")
-        out.append(data[i : i + n])
+        out.append((i, data[i : i + n]))
         i += n
     return out
 
@@ -132,27 +137,15 @@ def check_pages(images_dir: str | Path) -> int:
 
 def read_pstree(path: Path) -> list[tuple[int, int]]:
     """(pid, ppid) of every process in pstree.img, root first."""
-    data = path.read_bytes()
-    if len(data) < 8:
-        raise ColdstartError(f"{path}: too short to be a CRIU image ({len(data)} bytes)")
-    (m0,) = struct.unpack_from("<I", data, 0)
-    i = 8 if m0 in (IMG_COMMON_MAGIC, IMG_SERVICE_MAGIC) else 4
     out: list[tuple[int, int]] = []
-    while i < len(data):
-        if i + 4 > len(data):
-            raise ColdstartError(f"{path}: truncated entry header at byte {i}")
-        (n,) = struct.unpack_from("<I", data, i)
-        i += 4
-        if i + n > len(data):
-            raise ColdstartError(f"{path}: truncated entry at byte {i} (wants {n} bytes)")
+    for i, msg in _entries_at(path):
         try:
-            pid, ppid = _pid_ppid(data[i : i + n])
+            pid, ppid = _pid_ppid(msg)
         except ValueError as e:
             raise ColdstartError(f"{path}: corrupt entry at byte {i}: {e}") from None
         if pid is None:
             raise ColdstartError(f"{path}: entry at byte {i} has no pid")
         out.append((pid, ppid or 0))
-        i += n
     return out
 
 
