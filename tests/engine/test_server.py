@@ -139,3 +139,57 @@ def test_load_format_coldstart_and_clean_stop(tiny_model_dir, flat_dump, canary,
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert eng.popen.poll() is not None
     assert not [p for p in shm if p.exists()]
+
+
+def _worker_maps(eng) -> str:
+    return Path(f"/proc/{find_worker_pid(eng)}/maps").read_text()
+
+
+def test_map_reload_identical_and_released(engine_server, canary, canary_prompt, flat_dump):
+    """Map mode: the flat file is mapped over the weight arena (no copy), the output is identical,
+    and sleep level 2 drops the mapping and the pages (RSS falls by the weights' size)."""
+    eng, client = engine_server
+    state = client.collective_rpc("coldstart_state")[0]
+    assert state["arena"] and state["arena"]["bytes"] >= state["weights_bytes"]
+    flat = str((flat_dump / "weights.flat").resolve())
+    client.sleep(2)
+    client.wake_up(["weights"])
+    res = client.collective_rpc("coldstart_reload", kwargs={"path": str(flat_dump), "mode": "map"})[0]
+    client.wake_up(["kv_cache"])
+    assert res["mode"] == "map" and res["bytes"] == state["arena"]["bytes"], res
+    assert flat in _worker_maps(eng)
+    assert _complete(client, canary_prompt) == canary
+    worker = psutil.Process(find_worker_pid(eng))
+    rss_mapped = worker.memory_info().rss
+    client.sleep(2)
+    rss_asleep = worker.memory_info().rss
+    assert flat not in _worker_maps(eng)  # nothing left for CRIU to reference
+    assert rss_mapped - rss_asleep >= state["weights_bytes"]
+    assert client.collective_rpc("coldstart_state")[0]["arena"]["mapped"] is None
+    client.wake_up(["weights"])
+    client.collective_rpc("coldstart_reload", kwargs={"path": str(flat_dump), "mode": "copy"})
+    client.wake_up(["kv_cache"])
+    assert _complete(client, canary_prompt) == canary
+
+
+def test_map_reload_refuses_other_layout(engine_server, canary, canary_prompt, flat_dump, tmp_path):
+    """A flat file whose layout is not the arena's (here 8 KiB alignment): map mode refuses with a
+    clear error, auto mode says why and copies instead, and the output is still right."""
+    from coldstart.weights.dump import dump_tensors
+    from coldstart.weights.format import read_index
+    from coldstart.weights.loader import alloc_like_index, load_into
+
+    tensors = alloc_like_index(flat_dump)
+    load_into(flat_dump, tensors)
+    order = [e.name for e in read_index(flat_dump).tensors]
+    other = tmp_path / "flat-8k"
+    dump_tensors([(n, tensors[n]) for n in order], other, alignment=8192)
+    _, client = engine_server
+    client.sleep(2)
+    client.wake_up(["weights"])
+    refused = client.collective_rpc("coldstart_reload", kwargs={"path": str(other), "mode": "map"})[0]
+    assert "does not match the weight arena" in refused["error"]  # an answer: the engine lives on
+    res = client.collective_rpc("coldstart_reload", kwargs={"path": str(other), "mode": "auto"})[0]
+    client.wake_up(["kv_cache"])
+    assert res["mode"] == "copy" and "does not match the weight arena" in res["map_refused"]
+    assert _complete(client, canary_prompt) == canary

@@ -73,13 +73,21 @@ def wake_command(tags: Optional[List[str]] = typer.Option(None, "--tags", help="
 
 def reload_command(flat: Optional[Path] = typer.Argument(None, help="flat dump dir [default: found from "
                                                           "the model]"),
-                   threads: int = typer.Option(8, "--threads"), url: str = URL) -> None:
-    """Refill the weights in place from a flat dump through our parallel loader."""
+                   threads: int = typer.Option(8, "--threads"),
+                   mode: str = typer.Option("auto", "--mode", help="map (file mapped over the weight arena, CPU) "
+                                            "| copy (our parallel loader) | auto (map if the layout matches)"),
+                   url: str = URL) -> None:
+    """Refill the weights from a flat dump: mapped over the weight arena, or copied in place."""
     from coldstart.engine.client import EngineClient
 
     args = [str(flat.resolve())] if flat else []
-    print(json.dumps(EngineClient(url).collective_rpc("coldstart_reload", args=args,
-                                                      kwargs={"threads": threads}), indent=1))
+    res = EngineClient(url).collective_rpc("coldstart_reload", args=args, kwargs={"threads": threads, "mode": mode})
+    print(json.dumps(res, indent=1))
+    errs = [r["error"] for r in res if isinstance(r, dict) and r.get("error")]
+    if errs:
+        from coldstart.errors import ColdstartError
+
+        raise ColdstartError(errs[0])
 
 
 def dump_weights_command(out: Path = typer.Argument(..., help="new directory for weights.flat + index"),

@@ -19,6 +19,17 @@ class Completion:
         return iter((self.text, self.token_ids))
 
 
+@dataclass
+class ScoredCompletion:
+    """A completion with the model's scores: the prompt's token ids and the log-probability the model
+    gives each prompt token (None for the first), plus the generated tokens and their logprobs."""
+    text: str
+    token_ids: list[int]
+    prompt_token_ids: list[int]
+    prompt_logprobs: list[float | None]
+    token_logprobs: list[float | None]
+
+
 class EngineClient:
     """Talks to one server at ``base_url`` (e.g. http://127.0.0.1:8000)."""
 
@@ -138,3 +149,25 @@ class EngineClient:
             return Completion(text=choice["text"], token_ids=list(ids))
         except (KeyError, IndexError, TypeError) as e:
             raise ColdstartError(f"POST /v1/completions: unexpected answer ({e}): {str(data)[:200]}") from e
+
+    def score(self, prompt: str, max_tokens: int = 1, seed: int = 0, timeout: float | None = None) -> ScoredCompletion:
+        """Greedy completion that also returns the prompt's token ids and per-token logprobs
+        (``prompt_logprobs=0``: one forward pass over the prompt scores every prompt token)."""
+        body = {"model": self.model(), "prompt": prompt, "max_tokens": max_tokens, "seed": seed,
+                "temperature": 0.0, "return_token_ids": True, "prompt_logprobs": 0, "logprobs": 0}
+        data = self._req("POST", "/v1/completions", json=body, timeout=timeout)
+        try:
+            choice = data["choices"][0]
+            ptoks = list(choice["prompt_token_ids"])
+            plps: list[float | None] = []
+            for tok, entry in zip(ptoks, choice["prompt_logprobs"]):
+                if entry is None:
+                    plps.append(None)
+                    continue
+                lp = entry.get(str(tok), entry.get(tok))  # the prompt token's own logprob
+                plps.append(float(lp["logprob"]) if lp is not None else None)
+            tlps = [None if x is None else float(x) for x in (choice.get("logprobs") or {}).get("token_logprobs", [])]
+            return ScoredCompletion(text=choice["text"], token_ids=list(choice["token_ids"]), prompt_token_ids=ptoks,
+                                    prompt_logprobs=plps, token_logprobs=tlps)
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            raise ColdstartError(f"POST /v1/completions (prompt_logprobs): unexpected answer ({e}): {str(data)[:200]}") from e

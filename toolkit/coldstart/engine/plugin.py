@@ -54,9 +54,9 @@ def find_flat_dir(model: str | os.PathLike, extra: Mapping[str, Any] | None = No
                          + ", ".join(str(c) for c in cands))
 
 
-def model_tensors(model) -> dict[str, Any]:
-    """The tensors a flat dump holds and a reload fills: named parameters and buffers (kernel format,
-    i.e. after vLLM's post-load processing), shared tensors once."""
+def model_tensor_objects(model) -> dict[str, Any]:
+    """The module's own Parameter/buffer objects behind ``model_tensors``, in the same order (the
+    weight arena re-points them: ``.data`` must be set on these objects, not on ``p.data`` aliases)."""
     out: dict[str, Any] = {}
     seen: set[int] = set()
     for name, t in list(model.named_parameters()) + list(model.named_buffers()):
@@ -66,8 +66,15 @@ def model_tensors(model) -> dict[str, Any]:
         if key in seen:
             continue
         seen.add(key)
-        out[name] = t.data if hasattr(t, "data") else t
+        out[name] = t
     return out
+
+
+def model_tensors(model) -> dict[str, Any]:
+    """The tensors a flat dump holds and a reload fills: named parameters and buffers (kernel format,
+    i.e. after vLLM's post-load processing), shared tensors once. The order is the dump's order,
+    which the weight arena (coldstart.engine.arena) reproduces."""
+    return {n: (t.data if hasattr(t, "data") else t) for n, t in model_tensor_objects(model).items()}
 
 
 def load_flat_into_model(model, flat_dir: Path, **kw) -> Any:

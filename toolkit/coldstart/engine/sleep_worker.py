@@ -9,6 +9,13 @@ weights are then refilled in place by ``coldstart_reload`` from a flat dump thro
 loader (or by vLLM's ``reload_weights``). A process asleep at level 2 is what CRIU dumps: released
 pages are not in the image.
 
+Reload modes (``coldstart_reload(mode=...)``; default ``$COLDSTART_RELOAD_MODE`` or ``auto``):
+``map`` maps the flat file over the weight arena (coldstart.engine.arena: the weights were moved at
+load time into one anonymous mapping laid out exactly like the flat file) and populates it: no
+zero-fill faults, no copy; ``copy`` reads the file into the tensors through our parallel loader;
+``auto`` maps when the arena exists and the file's index matches its layout, else copies (and says
+why in the result). Set ``COLDSTART_WEIGHT_ARENA=0`` to keep vLLM's own allocation (copy only).
+
 One deliberate change to how vLLM runs on CPU, in this worker only: linear layers keep their weight
 as a plain tensor and call ``torch.nn.functional.linear`` instead of a oneDNN/SGL prepacked copy.
 Prepacked copies live in memory owned by C++ handles that can neither be released nor refilled in
@@ -16,7 +23,7 @@ place; with them, sleep would free little and a reload would change nothing. Mea
 docs/engine.md.
 
 Methods callable through POST /collective_rpc (arguments arrive as strings; JSON is decoded):
-``coldstart_reload(path)``, ``coldstart_dump_weights(out_dir)``, ``coldstart_rss()``,
+``coldstart_reload(path, mode)``, ``coldstart_dump_weights(out_dir)``, ``coldstart_rss()``,
 ``coldstart_weights_bytes()``, ``coldstart_state()``, plus vLLM's ``sleep``/``wake_up``/``reload_weights``.
 """
 from __future__ import annotations
@@ -34,7 +41,7 @@ import torch
 
 from vllm.v1.worker.cpu_worker import CPUWorker
 
-from coldstart.engine.plugin import decode_arg, find_flat_dir, model_tensors
+from coldstart.engine.plugin import decode_arg, find_flat_dir, model_tensor_objects, model_tensors
 
 log = logging.getLogger("vllm.coldstart.sleep_worker")  # into the server log
 
@@ -79,6 +86,18 @@ def release_tensors(tensors: Iterable[torch.Tensor]) -> tuple[int, int]:
     return total, released
 
 
+RELOAD_MODES = ("auto", "map", "copy")
+
+
+def default_reload_mode() -> str:
+    mode = os.environ.get("COLDSTART_RELOAD_MODE", "auto") or "auto"
+    return mode if mode in RELOAD_MODES else "auto"
+
+
+def arena_enabled() -> bool:
+    return os.environ.get("COLDSTART_WEIGHT_ARENA", "1") not in ("0", "false", "no")
+
+
 def rss_bytes() -> int:
     """This process's resident set size (from /proc/self: correct inside a PID namespace too)."""
     with open("/proc/self/statm") as f:
@@ -113,11 +132,13 @@ class ColdstartRPCMixin:
     _cs_sleeping: set[str]
     _cs_saved_buffers: dict[str, torch.Tensor]
     _cs_last: dict[str, Any]
+    _cs_arena: Any  # coldstart.engine.arena.WeightArena (CPU worker, map mode) or None
 
     def _cs_init(self) -> None:
         self._cs_sleeping = set()
         self._cs_saved_buffers = {}
         self._cs_last = {}
+        self._cs_arena = None
 
     def _cs_model(self) -> torch.nn.Module:
         return self.model_runner.get_model()  # type: ignore[attr-defined]
@@ -137,14 +158,44 @@ class ColdstartRPCMixin:
 
     @torch.inference_mode()
     def coldstart_reload(self, path: str | None = None, threads: Any = 8, verify: Any = False,
-                         direct: Any = False, chunk_bytes: Any = None, buffers: Any = None) -> dict:
-        """Refill every parameter and buffer in place from a flat dump; returns the loader's stats.
-        ``path`` defaults to the flat dir found for the served model (see plugin.find_flat_dir)."""
+                         direct: Any = False, chunk_bytes: Any = None, buffers: Any = None,
+                         mode: Any = None, populate_threads: Any = 4) -> dict:
+        """Refill every parameter and buffer from a flat dump (``mode``: map | copy | auto, see the
+        module docstring); returns the stats. ``path`` defaults to the flat dir found for the served
+        model (see plugin.find_flat_dir)."""
         from coldstart.weights.loader import load_into
 
         extra = self.vllm_config.load_config.model_loader_extra_config or {}  # type: ignore[attr-defined]
         path = decode_arg(path)
         flat = find_flat_dir(path or self.model_config.model, None if path else extra)  # type: ignore[attr-defined]
+        mode = str(decode_arg(mode) or default_reload_mode())
+        if mode not in RELOAD_MODES:
+            raise ValueError(f"reload mode {mode!r}: choose one of {', '.join(RELOAD_MODES)}")
+        refused = None
+        if mode in ("map", "auto"):
+            if self._cs_arena is None:
+                refused = "no weight arena in this worker (GPU, or COLDSTART_WEIGHT_ARENA=0)"
+            else:
+                from coldstart.errors import ColdstartError
+                from coldstart.weights.format import read_index
+
+                t0 = time.perf_counter()
+                try:
+                    out = self._cs_arena.map_file(read_index(flat), threads=int(decode_arg(populate_threads)),
+                                                  verify=bool(decode_arg(verify)))
+                except ColdstartError as e:
+                    if self._cs_arena.mapped:  # half-done: back to an anonymous arena before copying
+                        self._cs_arena.release()
+                    refused = str(e)
+                else:
+                    out.update({"seconds_rpc": round(time.perf_counter() - t0, 6), "flat": str(flat)})
+                    self._cs_saved_buffers = {}
+                    return out
+            if mode == "map":
+                # returned, not raised: an exception in a collective_rpc takes vLLM's engine down
+                log.warning("coldstart reload: map mode refused: %s", refused)
+                return {"mode": "map", "error": f"map reload refused: {refused}", "flat": str(flat)}
+            log.warning("coldstart reload: map mode refused (%s); copying instead", refused)
         kw: dict[str, Any] = {"threads": int(decode_arg(threads)), "verify": bool(decode_arg(verify)),
                               "direct": bool(decode_arg(direct))}
         if chunk_bytes is not None:
@@ -155,7 +206,9 @@ class ColdstartRPCMixin:
         stats = load_into(Path(flat), model_tensors(self._cs_model()), **kw)
         secs = time.perf_counter() - t0
         out = _as_dict(stats)
-        out.update({"seconds_rpc": round(secs, 6), "flat": str(flat)})
+        out.update({"seconds_rpc": round(secs, 6), "flat": str(flat), "mode": "copy"})
+        if refused:
+            out["map_refused"] = refused
         self._cs_saved_buffers = {}
         return out
 
@@ -185,8 +238,13 @@ class ColdstartRPCMixin:
         if "weights" in self._cs_sleeping:
             raise RuntimeError("cannot dump weights while they are released (sleep level 2)")
         tensors = model_tensors(self._cs_model())
+        arena = self._cs_arena
+        if arena is not None:  # the arena's order, so the file is a byte image of the arena
+            tensors = {s.name: tensors[s.name] for s in arena.spans}
         t0 = time.perf_counter()
-        index = dump_tensors(tensors.items(), Path(decode_arg(out_dir)))
+        index = dump_tensors(tensors.items(), Path(decode_arg(out_dir)), alignment=arena.alignment if arena else 4096)
+        if arena is not None:
+            arena.check_index(index)  # a bug if it fails: the layouts are computed the same way
         return {"tensors": len(tensors), "bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
                 "seconds": round(time.perf_counter() - t0, 6), "index": _as_dict(index, shallow=True)}
 
@@ -203,7 +261,8 @@ class ColdstartRPCMixin:
         return {"sleeping": sorted(self._cs_sleeping), "rss": rss_bytes(), "pid": os.getpid(),
                 "weights_bytes": self.coldstart_weights_bytes(),
                 "kv_bytes": sum(n for _, n in unique_storages(self._cs_kv_tensors())),
-                "last": self._cs_last}
+                "arena": self._cs_arena.state() if self._cs_arena is not None else None,
+                "reload_mode": default_reload_mode(), "last": self._cs_last}
 
 
 class SleepCPUWorker(ColdstartRPCMixin, CPUWorker):
@@ -216,6 +275,14 @@ class SleepCPUWorker(ColdstartRPCMixin, CPUWorker):
     def load_model(self, *args, **kwargs) -> None:
         keep_plain_linear_weights()
         super().load_model(*args, **kwargs)
+        if arena_enabled():
+            from coldstart.engine.arena import WeightArena
+
+            t0 = time.perf_counter()
+            self._cs_arena = WeightArena.build(model_tensor_objects(self._cs_model()))
+            a = self._cs_arena
+            log.info("coldstart: weights moved into one %d-byte arena (%d tensors, %d left in place: %s) in %.3f s",
+                     a.size, len(a.spans), len(a.left_in_place()), a.left_in_place()[:5], time.perf_counter() - t0)
 
     # --- sleep / wake (same contract as vLLM's GPU worker)
     @torch.inference_mode()
@@ -230,8 +297,15 @@ class SleepCPUWorker(ColdstartRPCMixin, CPUWorker):
             model = self._cs_model()
             # like vLLM's GPU worker: buffers (rotary caches...) are not in a checkpoint; keep a copy
             self._cs_saved_buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
-            w_total, w_rel = release_tensors(list(self._cs_weight_tensors().values())
-                                             + [b for _, b in model.named_buffers()])
+            tensors = list(self._cs_weight_tensors().values()) + [b for _, b in model.named_buffers()]
+            if self._cs_arena is not None:
+                # the whole arena becomes a fresh anonymous mapping (also drops a mapped weights file)
+                w_total = w_rel = self._cs_arena.release()
+                inside = (self._cs_arena.addr, self._cs_arena.addr + self._cs_arena.size)
+                tensors = [t for t in tensors if not inside[0] <= t.data_ptr() < inside[1]]
+            t2, r2 = release_tensors(tensors)
+            w_total += t2
+            w_rel += r2
             self._cs_sleeping.add("weights")
         self._cs_last = {"op": "sleep", "level": level, "kv_bytes": kv_total, "kv_released": kv_rel,
                          "weights_bytes": w_total, "weights_released": w_rel,

@@ -1,0 +1,85 @@
+"""The weight arena without a server: layout = the flat file's, map reload, release, refusals."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from coldstart.engine.arena import WeightArena, file_mapped
+from coldstart.engine.plugin import model_tensor_objects, model_tensors
+from coldstart.errors import ColdstartError
+from coldstart.weights.dump import dump_tensors
+from coldstart.weights.format import read_index
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = torch.nn.Embedding(100, 24, dtype=torch.bfloat16)
+        self.lin = torch.nn.Linear(24, 100, bias=True, dtype=torch.bfloat16)
+        self.lin.weight = self.emb.weight  # tied: one tensor, listed once
+        self.odd = torch.nn.Linear(24, 24, dtype=torch.float32)
+        self.register_buffer("cache", torch.randn(7, 3))
+        base = torch.randn(40, 8)
+        self.qk = torch.nn.Parameter(base[:20], requires_grad=False)  # views of one storage:
+        self.register_buffer("v", base[20:])                           # must stay in place
+
+
+def _snapshot(m):
+    return {n: t.detach().clone() for n, t in model_tensors(m).items()}
+
+
+def test_arena_map_release_roundtrip(tmp_path: Path):
+    m = Tiny()
+    before = _snapshot(m)
+    arena = WeightArena.build(model_tensor_objects(m))
+    assert set(arena.left_in_place()) == {"qk", "v"}
+    spans = {s.name: s for s in arena.spans}
+    assert m.emb.weight.data_ptr() == arena.addr + spans["emb.weight"].offset
+    assert m.lin.weight is m.emb.weight
+    idx = dump_tensors(model_tensors(m).items(), tmp_path / "flat")
+    arena.check_index(idx)  # the dump's layout is the arena's
+    for n, t in model_tensors(m).items():
+        assert torch.equal(t, before[n]), n
+
+    arena.release()
+    assert not torch.equal(m.emb.weight.data, before["emb.weight"])  # zeros now
+    m.qk.data.zero_()
+    st = arena.map_file(read_index(tmp_path / "flat"), threads=2, verify=True)
+    assert st["mode"] == "map" and st["copied_tensors"] == 2 and st["verified"]
+    assert file_mapped(tmp_path / "flat" / "weights.flat")
+    for n, t in model_tensors(m).items():
+        assert torch.equal(t, before[n]), n
+    # a write goes to a private copy: the file keeps its bytes
+    m.cache.add_(1)
+    assert torch.equal(arena.view(next(s for s in arena.spans if s.name == "cache")), before["cache"] + 1)
+    raw = (tmp_path / "flat" / "weights.flat").read_bytes()
+    s = next(s for s in arena.spans if s.name == "cache")
+    assert torch.equal(torch.frombuffer(bytearray(raw[s.offset:s.offset + s.nbytes]), dtype=torch.float32).view(7, 3),
+                       before["cache"])
+    arena.release()
+    assert not file_mapped(tmp_path / "flat" / "weights.flat")
+
+
+def test_arena_refuses_other_layout(tmp_path: Path):
+    m = Tiny()
+    arena = WeightArena.build(model_tensor_objects(m))
+    tensors = model_tensors(m)
+    dump_tensors(tensors.items(), tmp_path / "a8k", alignment=8192)
+    with pytest.raises(ColdstartError, match="does not match the weight arena"):
+        arena.map_file(read_index(tmp_path / "a8k"))
+    dump_tensors(reversed(list(tensors.items())), tmp_path / "rev")
+    with pytest.raises(ColdstartError, match="does not match the weight arena at"):
+        arena.map_file(read_index(tmp_path / "rev"))
+    assert arena.mapped is None
+
+
+def test_arena_refuses_moved_tensor(tmp_path: Path):
+    m = Tiny()
+    arena = WeightArena.build(model_tensor_objects(m))
+    dump_tensors(model_tensors(m).items(), tmp_path / "flat")
+    m.odd.weight.data = m.odd.weight.data.clone()  # something re-allocated a weight
+    with pytest.raises(ColdstartError, match="no longer intact.*odd.weight"):
+        arena.map_file(read_index(tmp_path / "flat"))

@@ -1,0 +1,271 @@
+"""File-mapped weights on CPU: one page-aligned arena laid out exactly like the flat weights file.
+
+Why: after sleep level 2 a copy-based reload (ours or vLLM's ``reload_weights``) first pays a
+zero-fill page fault for every 4 KiB of weights (~330 k faults for 1.3 GiB) and then copies every
+byte. If the weights live in one anonymous mapping whose layout *is* the flat file's (same order,
+offsets and alignment as ``coldstart.weights.dump.dump_tensors`` writes for ``model_tensors``), a
+reload is one ``mmap(MAP_PRIVATE|MAP_FIXED)`` of the file over the arena: the page cache's pages are
+mapped, not copied, and ``MADV_POPULATE_READ`` (kernel >= 5.14) in a few threads maps them all
+before the first forward pass would fault on them. Copy-on-write keeps the file unchanged if
+anything ever writes a weight.
+
+Sleep level 2 replaces the arena by a fresh anonymous mapping (``MAP_FIXED|MAP_ANONYMOUS|
+MAP_NORESERVE``): the pages go, the addresses stay valid, CRIU dumps no weight pages and the image
+holds no reference to the weights file. A restored process maps the snapshot's weights file again,
+so that file must stay in place (and unchanged) while the server runs.
+
+Tensors that cannot be re-pointed safely (non-contiguous, a view into a bigger storage, a storage
+shared by two names) stay where vLLM put them; the arena still reserves their bytes (the file has
+them) and a reload copies them out of the mapped arena.
+
+CPU only. The GPU path keeps vLLM's CuMemAllocator and our loader's CUDA target.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from coldstart.errors import ColdstartError
+from coldstart.weights.format import DEFAULT_ALIGNMENT, FlatIndex, align_up, dtype_name
+
+PROT_READ, PROT_WRITE = 1, 2
+MAP_PRIVATE, MAP_FIXED, MAP_ANONYMOUS, MAP_NORESERVE = 0x02, 0x10, 0x20, 0x4000
+MADV_WILLNEED, MADV_DONTNEED, MADV_POPULATE_READ = 3, 4, 22
+MAP_FAILED = ctypes.c_void_p(-1).value
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_libc.mmap.restype = ctypes.c_void_p
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_libc.madvise.restype = ctypes.c_int
+
+
+def _mmap(addr: int | None, size: int, flags: int, fd: int = -1, offset: int = 0) -> int:
+    r = _libc.mmap(addr, size, PROT_READ | PROT_WRITE, flags, fd, offset)
+    if r is None or r == MAP_FAILED:
+        e = ctypes.get_errno()
+        raise OSError(e, f"mmap({size} bytes): {os.strerror(e)}")
+    if addr is not None and r != addr:
+        raise OSError(0, f"mmap(MAP_FIXED) returned {r:#x}, not {addr:#x}")
+    return r
+
+
+def _madvise(addr: int, size: int, advice: int) -> None:
+    if _libc.madvise(addr, size, advice) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"madvise({advice}, {size} bytes): {os.strerror(e)}")
+
+
+@dataclass
+class Span:
+    name: str
+    dtype: str
+    shape: list[int]
+    offset: int
+    nbytes: int
+    inplace: bool  # True: the tensor's data lives in the arena; False: left where vLLM put it
+
+
+@dataclass
+class WeightArena:
+    """One anonymous mapping holding the model's tensors at the flat file's offsets."""
+
+    addr: int
+    size: int
+    alignment: int
+    spans: list[Span]
+    tensors: dict[str, Any] = field(repr=False)  # name -> the model's own tensor object
+    mapped: str | None = None  # the file currently mapped over the arena (None: anonymous)
+
+    # --- construction
+    @classmethod
+    def build(cls, named: dict[str, Any], alignment: int = DEFAULT_ALIGNMENT) -> "WeightArena":
+        """Move every eligible tensor of ``named`` (name -> the module's own Parameter/buffer, in
+        dump order) into a fresh arena and point it there (``t.data = view``)."""
+        import torch
+
+        if alignment % os.sysconf("SC_PAGE_SIZE"):
+            raise ColdstartError(f"arena alignment {alignment} is not a multiple of the page size")
+        storages: dict[int, int] = {}
+        for t in named.values():
+            p = t.untyped_storage().data_ptr()
+            storages[p] = storages.get(p, 0) + 1
+        spans: list[Span] = []
+        pos = 0
+        for name, t in named.items():
+            nbytes = t.numel() * t.element_size()
+            off = align_up(pos, alignment)
+            st = t.untyped_storage()
+            inplace = (t.device.type == "cpu" and t.is_contiguous() and t.storage_offset() == 0
+                       and st.nbytes() == nbytes and storages[st.data_ptr()] == 1)
+            spans.append(Span(name, dtype_name(t.dtype), [int(s) for s in t.shape], off, nbytes, inplace))
+            pos = off + nbytes
+        size = max(align_up(pos, alignment), alignment)
+        addr = _mmap(None, size, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE)
+        arena = cls(addr=addr, size=size, alignment=alignment, spans=spans, tensors=dict(named))
+        with torch.no_grad():
+            for s in spans:
+                if s.inplace:
+                    t = named[s.name]
+                    view = arena.view(s)
+                    view.copy_(t)
+                    t.data = view  # the Parameter/buffer object keeps its identity, its data moves
+        return arena
+
+    def view(self, s: Span):
+        """A tensor over the arena bytes of ``s`` (shape and dtype of the tensor)."""
+        import torch
+
+        from coldstart.weights.format import torch_dtype
+
+        if not s.nbytes:
+            return torch.empty(s.shape, dtype=torch_dtype(s.dtype))
+        buf = (ctypes.c_uint8 * s.nbytes).from_address(self.addr + s.offset)
+        return torch.frombuffer(buf, dtype=torch_dtype(s.dtype)).view(s.shape)
+
+    # --- facts
+    @property
+    def inplace_bytes(self) -> int:
+        return sum(s.nbytes for s in self.spans if s.inplace)
+
+    def left_in_place(self) -> list[str]:
+        return [s.name for s in self.spans if not s.inplace]
+
+    def intact(self) -> str | None:
+        """None if every re-pointed tensor still lives at its arena address, else the first one
+        that moved (something replaced its data: a map reload would not reach it)."""
+        for s in self.spans:
+            if s.inplace and self.tensors[s.name].data_ptr() != self.addr + s.offset:
+                return s.name
+        return None
+
+    def check_index(self, index: FlatIndex) -> None:
+        """Refuse (ColdstartError) unless ``index`` describes exactly this arena's layout."""
+        if len(index.tensors) != len(self.spans):
+            raise ColdstartError(f"flat index does not match the weight arena: {len(index.tensors)} tensors "
+                                 f"in the file, {len(self.spans)} in the model")
+        for e, s in zip(index.tensors, self.spans):
+            if (e.name, e.dtype, list(e.shape), e.offset, e.nbytes) != (s.name, s.dtype, s.shape, s.offset, s.nbytes):
+                raise ColdstartError(
+                    f"flat index does not match the weight arena at {s.name!r}: file has "
+                    f"{e.name} {e.dtype}{list(e.shape)} @{e.offset}+{e.nbytes}, arena {s.name} "
+                    f"{s.dtype}{s.shape} @{s.offset}+{s.nbytes}")
+        if index.data_size != self.size:
+            raise ColdstartError(f"flat file size {index.data_size} does not match the weight arena ({self.size} bytes)")
+
+    # --- the two operations
+    def map_file(self, index: FlatIndex, *, threads: int = 4, verify: bool = False,
+                 piece: int = 64 << 20, willneed: bool = True) -> dict:
+        """Map the flat file over the arena (after ``check_index``), populate it, copy the tensors
+        left in place out of it. Returns timings. Raises ColdstartError on any failure."""
+        import torch
+
+        self.check_index(index)
+        moved = self.intact()
+        if moved:
+            raise ColdstartError(f"the weight arena is no longer intact ({moved!r} was moved out of it)")
+        t0 = time.perf_counter()
+        path = index.data_file
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            raise ColdstartError(f"cannot open the weights file {path}: {e.strerror}") from None
+        try:
+            if os.fstat(fd).st_size != self.size:
+                raise ColdstartError(f"{path}: size {os.fstat(fd).st_size} does not match the weight arena ({self.size})")
+            _mmap(self.addr, self.size, MAP_PRIVATE | MAP_FIXED, fd, 0)
+        except OSError as e:
+            raise ColdstartError(f"mapping {path} over the weight arena failed: {e}") from None
+        finally:
+            os.close(fd)
+        self.mapped = str(path)
+        t_map = time.perf_counter()
+        if willneed:  # asynchronous read-ahead of the whole file: the populate threads then find pages
+            try:
+                _madvise(self.addr, self.size, MADV_WILLNEED)
+            except OSError:
+                pass
+        errors: list[str] = []
+        ranges = [(o, min(piece, self.size - o)) for o in range(0, self.size, piece)]
+        lock = threading.Lock()
+
+        def work() -> None:
+            while True:
+                with lock:
+                    if not ranges:
+                        return
+                    o, n = ranges.pop(0)
+                try:
+                    _madvise(self.addr + o, n, MADV_POPULATE_READ)
+                except OSError as e:
+                    errors.append(str(e))
+                    return
+
+        ths = [threading.Thread(target=work, name=f"cs-populate-{i}") for i in range(max(1, threads))]
+        for th in ths:
+            th.start()
+        for th in ths:
+            th.join()
+        if errors:
+            raise ColdstartError(f"populating the mapped weights from {path} failed: {errors[0]}")
+        t_pop = time.perf_counter()
+        if verify:
+            self._verify(index, threads)
+        t_ver = time.perf_counter()
+        with torch.no_grad():
+            for s in self.spans:
+                if not s.inplace:
+                    self.tensors[s.name].copy_(self.view(s))
+        t1 = time.perf_counter()
+        return {"mode": "map", "bytes": self.size, "tensors": len(self.spans),
+                "copied_tensors": len(self.left_in_place()), "seconds": round(t1 - t0, 6),
+                "map_s": round(t_map - t0, 6), "populate_s": round(t_pop - t_map, 6),
+                "verify_s": round(t_ver - t_pop, 6), "verified": bool(verify), "threads": threads,
+                "gib_s": round(self.size / 2**30 / (t1 - t0), 3) if t1 > t0 else 0.0}
+
+    def _verify(self, index: FlatIndex, threads: int) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from coldstart.weights.format import hasher
+
+        digest = hasher(index.digest_algo)
+        jobs = []
+        for e in index.tensors:
+            for i, want in enumerate(e.chunk_digests):
+                start = i * index.chunk_bytes
+                n = min(index.chunk_bytes, e.nbytes - start)
+                jobs.append((e.name, e.offset + start, n, want))
+
+        def check(job):
+            name, off, n, want = job
+            got = digest((ctypes.c_uint8 * n).from_address(self.addr + off))
+            return None if got == want else f"{name} @{off}"
+
+        with ThreadPoolExecutor(max(1, threads)) as ex:
+            bad = [b for b in ex.map(check, jobs) if b]
+        if bad:
+            raise ColdstartError(f"weights file {index.data_file}: digest mismatch in {len(bad)} chunk(s), "
+                                 f"first {bad[0]}")
+
+    def release(self) -> int:
+        """Sleep level 2: a fresh anonymous mapping over the arena (pages gone, addresses valid)."""
+        _mmap(self.addr, self.size, MAP_PRIVATE | MAP_FIXED | MAP_ANONYMOUS | MAP_NORESERVE)
+        self.mapped = None
+        return self.size
+
+    def state(self) -> dict:
+        return {"addr": self.addr, "bytes": self.size, "tensors": len(self.spans),
+                "left_in_place": self.left_in_place(), "mapped": self.mapped}
+
+
+def file_mapped(path: str | Path, pid: int | str = "self") -> bool:
+    """True if ``path`` appears in /proc/<pid>/maps (a live mapping of the file)."""
+    p = str(Path(path).resolve())
+    with open(f"/proc/{pid}/maps") as f:
+        return any(line.rstrip("\n").endswith(" " + p) or line.rstrip("\n").endswith("\t" + p) for line in f)
