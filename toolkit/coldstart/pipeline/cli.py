@@ -55,6 +55,12 @@ def restore_cmd(
     metrics_gateway: Optional[str] = typer.Option(None, help="Push this restore's timing metrics to this Pushgateway URL."),
     metrics_port: Optional[int] = typer.Option(None, help="Serve /metrics on 127.0.0.1:PORT while the entrypoint serves."),
     variant: str = typer.Option("default", help="The `variant` label of the metrics."),
+    warm_mode: Optional[str] = typer.Option(None, help="Page-cache warming: native | vmtouch | none "
+                                            "(default: $COLDSTART_WARM_MODE or native)."),
+    warm_method: Optional[str] = typer.Option(None, help="Native warming: pread | populate | willneed."),
+    warm_profile: str = typer.Option("auto", help="Access profile to follow: auto (DIR/profile.json) | off | PATH."),
+    warm_record: str = typer.Option("auto", help="Record an access profile at first token: auto (when none) | off | force."),
+    warm_rest: str = typer.Option("after", help="With a profile, warm what it does not name: after (first token) | now | never."),
 ) -> None:
     """Restore a snapshot and serve (the container entrypoint); any failure → cold boot, reason printed."""
     from rich.console import Console
@@ -62,7 +68,10 @@ def restore_cmd(
     from coldstart.pipeline.restore import RestoreOptions, restore, serve as serve_fn
 
     res = restore(RestoreOptions(snapshot=snapshot, verify=verify, warm=not no_warm, fallback=not no_fallback,
-                                 model=model, timeout=timeout, net=net, port=port), say=_say)
+                                 model=model, timeout=timeout, net=net, port=port, warm_mode=warm_mode,
+                                 warm_method=warm_method, warm_profile=warm_profile, warm_record=warm_record,
+                                 warm_rest=warm_rest),
+                  say=_say)
     Console(stderr=True).print(res.timeline.table())
     if timeline_out:
         res.timeline.write_jsonl(timeline_out)

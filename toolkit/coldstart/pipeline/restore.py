@@ -48,6 +48,12 @@ class RestoreOptions:
     port: int | None = None  # host port to serve on (private net: the forwarder's; cold boot: vLLM's)
     cold_timeout: float = 900.0
     net: str = "auto"  # host | private | auto (private when the snapshot's port is busy here)
+    # page-cache warming (warm stage): None/"auto" = the entrypoint's COLDSTART_WARM_* env or defaults
+    warm_mode: str | None = None  # native | vmtouch | none
+    warm_method: str | None = None  # native: pread | populate | willneed
+    warm_profile: str = "auto"  # auto (DIR/profile.json if recorded) | off | PATH
+    warm_record: str = "auto"  # auto (when there is no profile) | off | force; saved at first token
+    warm_rest: str = "after"  # with a profile, the ranges it does not name: after (first token) | now | never
 
 
 @dataclass
@@ -156,22 +162,44 @@ class _BackgroundWarm:
     """Imports and starts the warm stage's warmer on a thread, so that its start-up (imports, plan)
     never delays the restore itself; WARM_START is marked when it really starts."""
 
-    def __init__(self, paths: list[Path], tl: Timeline):
+    def __init__(self, paths: list[Path], tl: Timeline, opts: "RestoreOptions | None" = None):
         import threading
 
         self.warmer = None
         self._tl = tl
-        self._t = threading.Thread(target=self._run, args=(paths,), name="coldstart-warm", daemon=True)
+        kw: dict = {}
+        if opts is not None:  # only what the options set: the rest follows COLDSTART_WARM_* / defaults
+            if opts.warm_mode:
+                kw["mode"] = opts.warm_mode
+            if opts.warm_method and (opts.warm_mode or "native") == "native":
+                kw["method"] = opts.warm_method
+            if opts.warm_profile not in ("auto", ""):
+                kw["profile"] = opts.warm_profile
+            if opts.warm_record not in ("auto", ""):
+                kw["record"] = opts.warm_record
+            kw["rest"] = opts.warm_rest
+        self._t = threading.Thread(target=self._run, args=(paths, kw), name="coldstart-warm", daemon=True)
         self._t.start()
 
-    def _run(self, paths: list[Path]) -> None:
+    def _run(self, paths: list[Path], kw: dict) -> None:
         try:
             from coldstart.warm import start_warming  # type: ignore[attr-defined]
 
-            self.warmer = start_warming(paths)
-            self._tl.mark(EventName.WARM_START, files=len(paths))
+            self.warmer = start_warming(paths, **kw)
+            plan = getattr(self.warmer, "plan", None)
+            self._tl.mark(EventName.WARM_START, files=len(paths), mode=self.warmer.mode,
+                          profile=bool(getattr(plan, "profile_used", False)),
+                          mapped_files=len(getattr(plan, "mapped", ())))
         except Exception:  # warming is an optimisation: never a reason to fail the restore
             self.warmer = None
+
+    def at_first_token(self):
+        """Stop recording the access profile and save it; let the warm go on with the ranges the
+        profile did not name (held back until now). Returns the saved profile's path or None."""
+        self._t.join(5)
+        getattr(self.warmer, "release", lambda: None)()
+        end = getattr(self.warmer, "end_recording", None)
+        return end() if end is not None else None
 
     @property
     def done(self) -> bool:
@@ -185,14 +213,15 @@ class _BackgroundWarm:
             self.warmer.cancel()
 
 
-def _start_warming(snap: Path, m: Manifest, tl: Timeline) -> _BackgroundWarm | None:
-    """Background page-cache warming of the pages images, then the weights file (warm stage)."""
+def _start_warming(snap: Path, m: Manifest, tl: Timeline, opts: "RestoreOptions | None" = None) -> _BackgroundWarm | None:
+    """Background page-cache warming of the pages images, then the weights file (warm stage); with a
+    recorded profile, its order, and the ranges of the libraries the restored server maps."""
     if importlib.util.find_spec("coldstart.warm") is None:
         return None
     paths = sorted((snap / "criu").glob("pages-*.img"))
     if m.weights.get("flat"):
         paths.append(snap / m.weights["flat"])
-    return _BackgroundWarm(paths, tl)
+    return _BackgroundWarm(paths, tl, opts)
 
 
 def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) -> RestoreResult:
@@ -212,7 +241,7 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) -
         raise RestoreFailed("snapshot does not fit this host: " + "; ".join(problems))
     tl.mark(EventName.MANIFEST_OK)
 
-    warmer = _start_warming(snap, m, tl) if opts.warm else None
+    warmer = _start_warming(snap, m, tl, opts) if opts.warm and opts.warm_mode != "off" else None
 
     net = opts.net
     if net == "auto":
@@ -368,10 +397,13 @@ def _host_root(launcher_pid: int, settle: float = 5.0) -> int:
 
 
 def _finish_warm(warmer, tl: Timeline) -> None:
+    """First token: end the access-profile recording (what comes later is not the restore's
+    demand) and report the warm if it is done (else it goes on in the background, unreported)."""
     try:
-        if warmer.done:  # still running: it goes on in the background, unreported
+        saved = warmer.at_first_token()
+        if warmer.done:
             st = warmer.wait(0)
-            tl.mark(EventName.WARM_DONE, bytes=getattr(st, "bytes", 0))
+            tl.mark(EventName.WARM_DONE, bytes=getattr(st, "bytes", 0), profile_saved=str(saved or ""))
     except Exception:
         pass
 

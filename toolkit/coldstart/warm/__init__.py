@@ -29,6 +29,7 @@ def warm_modes() -> list[dict]:
         {"name": "vmtouch", "mode": "vmtouch", "profile": False},
         {"name": "native", "mode": "native", "profile": False},
         {"name": "native+profile", "mode": "native", "profile": True},
+        {"name": "native-populate+profile", "mode": "native", "method": "populate", "profile": True},
         {"name": "native-willneed+profile", "mode": "native", "method": "willneed", "profile": True},
         {"name": "odirect", "mode": "none", "profile": False, "loader_odirect": True},
     ]
@@ -76,36 +77,54 @@ def snapshot_id(root: Path) -> str:
 
 def start_warming(paths: list[Path] | list[str], *, mode: str | None = None, profile: Path | None | str = "auto",
                   order: list[Path] | None = None, threads: int | None = None, progress=None,
-                  record: bool | None = None, **kw) -> Warmer:
+                  record: bool | str | None = None, mapped: bool = True, rest: str = "now", **kw) -> Warmer:
     """Start warming ``paths`` (files or directories) in the background and return at once.
 
     Order: ``profile`` ranges first, then ``order``'s files, then small files, CRIU
     ``pages-*.img``, ``*.flat`` weights, the rest. ``mode`` None = $COLDSTART_WARM_MODE or native.
     ``profile="auto"``: the snapshot's profile.json when the paths lie in a snapshot directory (one
-    with manifest.json) and its snapshot id matches; ``record`` None = record one when there is
-    none (saved at ``wait()``, dropped at ``cancel()``; see coldstart.warm.snapshot). Never raises
-    for a bad file or profile: errors land in ``wait().errors``."""
+    with manifest.json) and its snapshot id matches ($COLDSTART_WARM_PROFILE decides when not given);
+    "off"/None: no profile. ``record``: True/"force", False/"off", None/"auto" = record one when
+    there is none (saved at ``end_recording()``/``wait()``, dropped at ``cancel()``; see
+    coldstart.warm.snapshot). ``mapped``: also warm the profile's ranges of the files the restored
+    server maps outside the snapshot (shared libraries), and record them. ``rest`` (native mode,
+    with a profile): what the profile does not name is warmed "now" (after the profile's ranges),
+    "after" ``release()`` (the restore calls it at first token) or "never". Never raises for a bad
+    file or profile: errors land in ``wait().errors``."""
     from coldstart.warm import snapshot as snapmod
 
     mode = mode or snapmod.env_mode()
     if mode == "native" and "method" not in kw and os.environ.get("COLDSTART_WARM_METHOD"):
-        kw["method"] = os.environ["COLDSTART_WARM_METHOD"]  # pread | willneed
+        kw["method"] = os.environ["COLDSTART_WARM_METHOD"]  # pread | populate | willneed
     root = snapmod.snapshot_root(paths)
     sid = snapshot_id(root) if root is not None else ""
+    log = logging.getLogger("coldstart.warm")
     if profile == "auto":
         profile = snapmod.resolve_profile(root)
-        if profile is not None and sid:
-            from coldstart.warm.profile import load_profile
+    elif profile in ("off", "", None):
+        profile = None
+    elif isinstance(profile, str):
+        profile = Path(profile)
+    only: list[Path] = []
+    if profile is not None:
+        from coldstart.warm.profile import load_profile
 
-            try:
-                if load_profile(profile).snapshot_id not in ("", sid):
-                    logging.getLogger("coldstart.warm").warning(
-                        "warm: %s was recorded for another snapshot; ignored", profile)
-                    profile = None
-            except Exception:  # noqa: BLE001 - make_plan reports a bad profile in the stats
-                pass
-    w = make_warmer(paths, mode=mode, profile=profile, order=order, threads=threads, progress=progress, **kw)
+        try:
+            prof = load_profile(profile)
+        except Exception:  # noqa: BLE001 - make_plan reports a bad profile in the stats
+            prof = None
+        if prof is not None and sid and prof.snapshot_id not in ("", sid):
+            log.warning("warm: %s was recorded for another snapshot; ignored", profile)
+            profile = None
+        elif prof is not None and mapped:
+            only = prof.mapped_files()
+    if mode == "native" and rest != "now":
+        kw["rest"] = rest
+    w = make_warmer(paths, mode=mode, profile=profile, order=order, threads=threads, progress=progress,
+                    profile_only=only or None, **kw)
+    if isinstance(record, str):
+        record = {"force": True, "on": True, "off": False}.get(record)  # "auto" -> None
     if root is not None and (record if record is not None else snapmod.should_record(root, profile)):
         return snapmod.RecordingWarmer(w, root, [p for p in expand_paths(list(paths)) if p.is_file()],
-                                        snapshot_id=sid).start()
+                                        snapshot_id=sid, track_mapped=mapped).start()
     return w.start()

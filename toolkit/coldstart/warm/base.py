@@ -115,6 +115,8 @@ class Plan:
     files: dict[Path, int]  # readable files -> size
     errors: dict[Path, str]  # files that cannot be warmed -> why
     profile_used: bool = False
+    profile_end: int = 0  # ranges[:profile_end] come from the profile, the rest is "the rest"
+    mapped: list[Path] = field(default_factory=list)  # profile-only files (mapped libraries) being warmed
 
     @property
     def total(self) -> int:
@@ -122,18 +124,25 @@ class Plan:
 
 
 def make_plan(paths: list[Path] | list[str], *, chunk: int, profile: Path | None = None,
-              order: list[Path] | None = None) -> Plan:
+              order: list[Path] | None = None, profile_only: list[Path] | None = None) -> Plan:
     """Ranges to warm, in order. ``order`` puts the files it names first (in that order);
-    ``profile`` puts its recorded ranges before everything else. A bad profile is logged and
-    ignored: warming in the default order is still better than none."""
+    ``profile`` puts its recorded ranges before everything else. ``profile_only``: files of which
+    only the profile's ranges are warmed, never the rest (the libraries the restored server maps:
+    gigabytes, of which it touches tens of MiB). A bad profile is logged and ignored: warming in
+    the default order is still better than none."""
     files: dict[Path, int] = {}
     errors: dict[Path, str] = {}
-    for p in expand_paths(list(paths)):
+    only = {Path(o).absolute() for o in profile_only or ()}
+    for p in expand_paths([*paths, *sorted(only - set(map(Path, paths)))]):
         try:
             # O_NONBLOCK: a FIFO named by mistake must not hang the restore
             fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         except OSError as e:
-            errors[p] = f"{p}: cannot open for warming: {e.strerror or e}"
+            if p in only:
+                errors[p] = (f"{p}: mapped by the restored server per the access profile, but cannot be opened "
+                             f"({e.strerror or e}): skipped")
+            else:
+                errors[p] = f"{p}: cannot open for warming: {e.strerror or e}"
             continue
         try:
             st = os.fstat(fd)
@@ -165,7 +174,10 @@ def make_plan(paths: list[Path] | list[str], *, chunk: int, profile: Path | None
                 ranges.extend(_split(path, off, length, chunk))
                 covered.setdefault(path, []).append((off, off + length))
             profile_used = bool(ranges)
+    profile_end = len(ranges)
     for p in names:
+        if p in only:
+            continue
         size = files[p]
         pos = 0
         for a, b in sorted(_merge(covered.get(p, []))):
@@ -174,7 +186,8 @@ def make_plan(paths: list[Path] | list[str], *, chunk: int, profile: Path | None
             pos = max(pos, b)
         if pos < size:
             ranges.extend(_split(p, pos, size - pos, chunk))
-    return Plan(ranges=ranges, files=files, errors=errors, profile_used=profile_used)
+    return Plan(ranges=ranges, files=files, errors=errors, profile_used=profile_used, profile_end=profile_end,
+                mapped=[p for p in files if p in only])
 
 
 def _merge(iv: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -193,10 +206,21 @@ class BaseWarmer:
     mode = "base"
 
     def __init__(self, paths: list[Path] | list[str], *, chunk: int, profile: Path | None = None,
-                 order: list[Path] | None = None, progress: ProgressFn | None = None):
-        self.plan = make_plan(paths, chunk=chunk, profile=profile, order=order)
+                 order: list[Path] | None = None, progress: ProgressFn | None = None,
+                 profile_only: list[Path] | None = None, rest: str = "now"):
+        if rest not in ("now", "after", "never"):
+            raise ValueError(f"rest={rest!r}: now | after | never")
+        self.plan = make_plan(paths, chunk=chunk, profile=profile, order=order, profile_only=profile_only)
         self.progress = progress
         self._cancel = threading.Event()
+        # with a profile, what it does not name can wait: "after" = until release() (first token),
+        # "never" = not warmed at all. Unneeded bytes read during the restore compete for the disk.
+        self.rest = rest if self.plan.profile_used else "now"
+        self._released = threading.Event()
+        if self.rest == "never":
+            self.plan.ranges = self.plan.ranges[:self.plan.profile_end]
+        if self.rest != "after":
+            self._released.set()
         self._lock = threading.Lock()
         self._issued: list[Range] = []
         self._t0 = 0.0
@@ -234,6 +258,19 @@ class BaseWarmer:
         """Ranges handed to a reader so far, in issue order (what a profile test checks)."""
         with self._lock:
             return list(self._issued)
+
+    def release(self) -> None:
+        """The restore is through (first token): the ranges held back by ``rest="after"`` may go."""
+        self._released.set()
+
+    def _may_take(self, index: int) -> bool:
+        """Block a reader at the start of the held-back rest until release() or cancel()."""
+        if index < self.plan.profile_end:
+            return True
+        while not self._released.wait(0.05):
+            if self._cancel.is_set():
+                return False
+        return not self._cancel.is_set()
 
     def cancel(self) -> None:
         self._cancel.set()

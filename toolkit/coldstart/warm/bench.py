@@ -80,6 +80,42 @@ def sequential_bandwidth(path: Path, *, size: int | None = None) -> dict:
             "tool": "fio --direct=1 --bs=8M --iodepth=16 --ioengine=libaio"}
 
 
+def buffered_bandwidth(path: Path) -> dict:
+    """The device's sequential read bandwidth through the page cache (fio, buffered, 2 jobs on
+    disjoint halves, 1 MiB reads, the kernel's readahead): on this virtual disk the best a
+    sequential reader gets, about twice O_DIRECT with one job. ``path`` must be evicted first."""
+    from coldstart.weights.bench import fio_run
+
+    if shutil.which("fio") is None:
+        raise ColdstartError("fio not found (apt-get install fio): cannot measure the device bandwidth")
+    nbytes, secs = fio_run(Path(path), direct=0, numjobs=2, bs=1 << 20)
+    return {"bw_bytes_s": nbytes / secs, "gib_s": round(nbytes / secs / GiB, 3), "bytes": nbytes,
+            "tool": "fio --direct=0 --numjobs=2 --bs=1M --ioengine=psync (disjoint halves)"}
+
+
+def best_bandwidth(path: Path) -> dict:
+    """Both sequential figures (O_DIRECT QD16 8 MiB, buffered 2 jobs 1 MiB), the file evicted
+    before each; ``bw_bytes_s`` is the higher one: the floor must not be lax."""
+    evict(path)
+    od = sequential_bandwidth(path)
+    evict(path)
+    bu = buffered_bandwidth(path)
+    evict(path)
+    return {"bw_bytes_s": max(od["bw_bytes_s"], bu["bw_bytes_s"]), "odirect_bytes_s": od["bw_bytes_s"],
+            "buffered_bytes_s": bu["bw_bytes_s"], "gib_s": round(max(od["gib_s"], bu["gib_s"]), 3),
+            "odirect_gib_s": od["gib_s"], "buffered_gib_s": bu["gib_s"]}
+
+
+def host_cpu_busy_s() -> float:
+    """CPU-seconds the whole host spent busy since boot (/proc/stat: all but idle and iowait),
+    kernel work included (page-cache fills, I/O completions): on a 2-core host the cold restore's
+    extra I/O handling is CPU the restore itself then does not get."""
+    with open("/proc/stat") as f:
+        vals = [int(x) for x in f.readline().split()[1:]]
+    busy = sum(vals[:8]) - vals[3] - vals[4]  # user nice system idle iowait irq softirq steal
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
 def drop_caches(files: list[Path] | None = None) -> None:
     """Cold case: evict ``files`` (posix_fadvise DONTNEED) or, with None, the whole page cache."""
     if files is None:
@@ -248,19 +284,21 @@ def run_restore_bench(restore_once: RestoreFn, snapshot_dir: Path, *, runs: int 
     dev = block_device(files[0])
     biggest = max(files, key=lambda p: p.stat().st_size)
     rows: list[dict] = []
-    bws: list[float] = []
+    bws: list[dict] = []
     for rnd in range(runs):
         drop_caches(None if drop == "global" else files)
-        bw = sequential_bandwidth(biggest)  # every round: the shared disk's speed drifts
-        bws.append(bw["bw_bytes_s"])
-        echo(f"round {rnd} device {dev}: sequential read {bw['gib_s']} GiB/s; snapshot {total / GiB:.2f} GiB")
+        bw = best_bandwidth(biggest)  # every round: the shared disk's speed drifts
+        bws.append(bw)
+        echo(f"round {rnd} device {dev}: sequential read O_DIRECT {bw['odirect_gib_s']} GiB/s, buffered "
+             f"{bw['buffered_gib_s']} GiB/s; snapshot {total / GiB:.2f} GiB")
         for v in [*variants, {"name": "warm", "mode": "none", "profile": False, "warm": True}]:
             if not v.get("warm"):
                 drop_caches(None if drop == "global" else files)
-            else:  # warm = the snapshot is in the page cache: read it just now (others drop caches here)
-                from coldstart.warm import make_warmer
+            else:  # warm = the snapshot is in the page cache: read it just now (others drop caches here),
+                # with the profile's ranges of the libraries the restored server maps
+                from coldstart.warm import start_warming
 
-                make_warmer(files, mode="native").start().wait()
+                start_warming(files, mode="native", profile="auto", record=False).wait()
             d0, p0 = device_read_bytes(dev), self_read_bytes()
             try:
                 res = restore_once(v)
@@ -272,45 +310,74 @@ def run_restore_bench(restore_once: RestoreFn, snapshot_dir: Path, *, runs: int 
             # (criu and the restored server, reaped by res.stop()): what this restore made the
             # device read; the diskstats delta also counts every other process on the host
             row = {"round": rnd, "variant": v["name"], **res, "device_read_bytes": d1 - d0,
-                   "read_by_us_bytes": p1 - p0, "bw_bytes_s": bw["bw_bytes_s"]}
+                   "read_by_us_bytes": p1 - p0, "bw_bytes_s": bw["bw_bytes_s"],
+                   "bw_odirect_bytes_s": bw["odirect_bytes_s"], "bw_buffered_bytes_s": bw["buffered_bytes_s"]}
             rows.append(row)
             echo(f"round {rnd} {v['name']:24s} first token {res.get('first_token_s', float('nan')):.3f} s  "
                  f"read by us {(p1 - p0) / GiB:.2f} GiB (device total {(d1 - d0) / GiB:.2f} GiB)")
         # after every round: a later failure or interruption keeps what was measured
-        _write(out, "restore_bench", rows, {"device": dev, "bandwidth_bytes_s": bws, "snapshot_bytes": total,
-                                            "drop": drop, "tool": "fio --direct=1 --bs=8M --iodepth=16"},
+        _write(out, "restore_bench", rows, _meta(dev, bws, total, drop),
                restore_table(rows, [v["name"] for v in variants], rnd + 1, drop, bws))
-    _write(out, "restore_bench", rows, {"device": dev, "bandwidth_bytes_s": bws, "snapshot_bytes": total,
-                                        "drop": drop, "tool": "fio --direct=1 --bs=8M --iodepth=16"},
+    _write(out, "restore_bench", rows, _meta(dev, bws, total, drop),
            restore_table(rows, [v["name"] for v in variants], runs, drop, bws))
     return rows
 
 
-def restore_table(rows: list[dict], names: list[str], runs: int, drop: str, bws: list[float]) -> str:
+def _meta(dev: str, bws: list[dict], total: int, drop: str) -> dict:
+    return {"device": dev, "bandwidth": bws, "snapshot_bytes": total, "drop": drop,
+            "tools": ["fio --direct=1 --bs=8M --iodepth=16 --ioengine=libaio",
+                      "fio --direct=0 --numjobs=2 --bs=1M --ioengine=psync (disjoint halves)"]}
+
+
+def restore_table(rows: list[dict], names: list[str], runs: int, drop: str, bws: list) -> str:
+    """The issue-5 table. Floor = max(warm restore median, demand / best sequential bandwidth), where
+    demand = the median bytes the cold restore *without warming* made the device read (what the
+    restore needs; warming unneeded data must not raise the floor) and the bandwidth is the higher
+    of the O_DIRECT and buffered fio figures (medians over the rounds)."""
     names = [*names, "warm"]
     ok = [r for r in rows if "first_token_s" in r]
     med = {n: _median([r["first_token_s"] for r in ok if r["variant"] == n]) for n in names}
     mine = {n: _median([r.get("read_by_us_bytes", 0) for r in ok if r["variant"] == n]) for n in names}
     dev = {n: _median([r["device_read_bytes"] for r in ok if r["variant"] == n]) for n in names}
     nok = {n: len([r for r in ok if r["variant"] == n]) for n in names}
-    bw = statistics.median(bws)
+    if bws and isinstance(bws[0], dict):
+        od = statistics.median(b["odirect_bytes_s"] for b in bws)
+        bu = statistics.median(b["buffered_bytes_s"] for b in bws)
+    else:  # old runs: one O_DIRECT figure
+        od, bu = statistics.median(bws), 0.0
+    bw = max(od, bu)
+    demand = mine.get("none")
+    if demand is None or demand != demand:
+        demand = statistics.median([mine[n] for n in names if n != "warm" and mine[n] == mine[n]] or [0])
+    floor = max(med["warm"], demand / bw) if bw else float("nan")
     lines = [f"Restore -> first token, median of {runs} rounds, every variant once per round; cold = page cache "
-             f"dropped ({drop}) before the case. Device sequential O_DIRECT bandwidth measured every round "
-             f"(fio), median {bw / GiB:.2f} GiB/s. `read by us` = /proc/self/io read_bytes of the benchmark "
-             "process and its reaped children (criu, the restored server): what the restore made the device "
-             "read. `device` = the disk's diskstats delta, other processes on this shared host included.",
-             "", "| variant | runs ok | first token s (median) | read by us GiB | device GiB | floor s = max(warm, read/bw) | x floor |",
+             f"dropped ({drop}) before the case; warm = the snapshot read just before.", "",
+             f"- Device sequential bandwidth, measured every round on the snapshot's biggest file (evicted "
+             f"first): O_DIRECT (fio QD16, 8 MiB) median {od / GiB:.2f} GiB/s; buffered (fio, 2 jobs, 1 MiB, "
+             f"kernel readahead) median {bu / GiB:.2f} GiB/s. The floor uses the higher: {bw / GiB:.2f} GiB/s.",
+             f"- Demand = bytes the cold restore *without warming* made the device read (median of `none`): "
+             f"{demand / GiB:.2f} GiB; demand / bandwidth = {demand / bw:.3f} s." if bw else "- no bandwidth",
+             f"- Floor = max(warm restore median {med['warm']:.3f} s, demand / bandwidth) = {floor:.3f} s, "
+             "the same for every row: warming unneeded data does not raise it.",
+             "- `read by us` = /proc/self/io read_bytes of the benchmark process and its reaped children (criu, "
+             "the restored server); `device` = the disk's diskstats delta, other processes on this shared host "
+             "included.", "",
+             "- `host CPU s` = CPU-seconds the whole host (2 cores) was busy from the start of the restore "
+             "to first token, kernel work included.", "",
+             "| variant | runs ok | first token s (median) | read by us GiB | device GiB | host CPU s | x floor |",
              "|---|---|---|---|---|---|---|"]
+    cpu = {n: _median([r["host_cpu_s"] for r in ok if r["variant"] == n and "host_cpu_s" in r]) for n in names}
     best = None
     for n in names:
-        floor = max(med["warm"], mine[n] / bw)
         ratio = med[n] / floor if floor else float("nan")
         if n not in ("warm", "none", "odirect") and ratio == ratio and (best is None or ratio < best[1]):
             best = (n, ratio)
-        lines.append(f"| {n} | {nok[n]} | {med[n]:.3f} | {mine[n] / GiB:.2f} | {dev[n] / GiB:.2f} | {floor:.3f} | {ratio:.2f} |")
+        lines.append(f"| {n} | {nok[n]} | {med[n]:.3f} | {mine[n] / GiB:.2f} | {dev[n] / GiB:.2f} | {cpu[n]:.2f} "
+                     f"| {ratio:.2f} |")
     if best:
         verdict = "met" if best[1] <= 1.2 else "MISSED"
-        lines += ["", f"Target (best overlapped warming <= 1.2 x floor): {verdict}: {best[0]} at {best[1]:.2f} x."]
+        lines += ["", f"Target (best overlapped warming <= 1.2 x floor): {verdict}: {best[0]} at {best[1]:.2f} x "
+                      f"(floor {floor:.3f} s)."]
     return "\n".join(lines) + "\n"
 
 
@@ -324,36 +391,36 @@ def pipeline_restore_once(snap: Path, *, echo: Callable[[str], None] = print) ->
     from coldstart.pipeline.restore import RestoreOptions, restore
 
     def once(v: dict) -> dict:
-        env = {"COLDSTART_WARM_MODE": v["mode"], "COLDSTART_WARM_PROFILE": "auto" if v.get("profile") else "off",
-               "COLDSTART_WARM_RECORD": v.get("record", "off"), "COLDSTART_WARM_METHOD": v.get("method", "pread")}
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
         orig_rpc = EngineClient.collective_rpc
         if v.get("loader_odirect"):
-            # the pipeline has no switch for it yet: add direct=True to its reload call (bench only)
+            # the pipeline's reload has a copy mode (RestoreOptions.reload_mode) but no O_DIRECT
+            # switch: add direct=True to its reload call (bench only)
             def rpc(self, method, *a, kwargs=None, **kw):
                 if method == "coldstart_reload":
-                    kwargs = {**(kwargs or {}), "direct": True}
+                    kwargs = {**(kwargs or {}), "direct": True, "mode": "copy"}
                 return orig_rpc(self, method, *a, kwargs=kwargs, **kw)
             EngineClient.collective_rpc = rpc  # type: ignore[method-assign]
         try:
-            res = restore(RestoreOptions(snapshot=snap, fallback=False, net="host", timeout=900), say=lambda s: None)
+            opts = RestoreOptions(snapshot=snap, fallback=False, net="host", timeout=900, warm_mode=v["mode"],
+                                  warm_method=v.get("method", "pread"),
+                                  warm_profile="auto" if v.get("profile") else "off",
+                                  warm_record=v.get("record", "off"), warm_rest=v.get("rest", "after"))
+            if v.get("loader_odirect") and hasattr(opts, "reload_mode"):
+                opts.reload_mode = "copy"
+            c0 = host_cpu_busy_s()
+            res = restore(opts, say=lambda s: None)
+            cpu = host_cpu_busy_s() - c0
             try:
                 tl = res.timeline
                 ft = tl.get(EventName.FIRST_TOKEN)
                 wd = tl.get(EventName.WARM_DONE)
                 return {"first_token_s": ft.t if ft else float("nan"), "canary_ok": res.canary_ok,
                         "restored": res.restored, "phases": tl.phases(),
-                        "warm_done_s": wd.t if wd else None}
+                        "warm_done_s": wd.t if wd else None, "host_cpu_s": round(cpu, 3)}
             finally:
                 res.stop()
         finally:
             EngineClient.collective_rpc = orig_rpc  # type: ignore[method-assign]
-            for k, val in saved.items():
-                if val is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = val
 
     return once
 

@@ -13,6 +13,13 @@ How the order is observed (two signals, sampled every ``interval`` seconds):
    becomes resident *before the concurrent warmer issued it* was demanded by the restore ahead of
    the warmer: exactly what the next warm must fetch earlier. Ranges resident when recording starts
    are not attributed (their order is unknown) and stay in the default order.
+
+Mapped files (``track_mapped``): the restored processes also fault in the files they map that are
+not part of the snapshot (the venv's shared libraries: torch, vLLM's _C, libpython...). After a
+cold node start those come from the disk too, 4-128 KiB per fault. The recorder follows the
+restored tree's other file-backed mappings with the page-table signal and records their touched
+ranges under their absolute paths; the next warm reads those ranges (and only those: the files
+are gigabytes, the restore touches tens of MiB of them) in the recorded order.
 """
 from __future__ import annotations
 
@@ -21,6 +28,7 @@ import os
 import re
 import threading
 import time
+from stat import S_ISREG
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -76,6 +84,10 @@ class Profile:
         finally:
             os.close(dfd)
         return path
+
+    def mapped_files(self) -> list[Path]:
+        """Files outside the snapshot the restored processes mapped (absolute paths in ``files``)."""
+        return [Path(f) for f in self.files if os.path.isabs(f)]
 
     def resolve(self, root: Path, files: dict[Path, int]) -> list[tuple[Path, int, int]]:
         """The profile's ranges as (absolute path, offset, length) for the files being warmed whose
@@ -137,7 +149,7 @@ class ProfileRecorder:
 
     def __init__(self, paths: list[Path] | list[str], *, root: Path | None = None, interval: float = 0.02,
                  warmer=None, pids: list[int] | None = None, snapshot_id: str = "",
-                 use_pagemap: bool = True):
+                 use_pagemap: bool = True, track_mapped: bool = False):
         self.paths = [p for p in expand_paths(list(paths)) if p.is_file()]
         self.root = Path(root).absolute() if root else Path(os.path.commonpath([str(p.parent) for p in self.paths])) if self.paths else Path.cwd()
         self.interval = interval
@@ -145,6 +157,10 @@ class ProfileRecorder:
         self.pids = pids
         self.snapshot_id = snapshot_id
         self.use_pagemap = use_pagemap
+        self.track_mapped = track_mapped and use_pagemap
+        self.mapped: set[Path] = set()  # files outside the snapshot the restored tree maps (track_mapped)
+        self._not_mapped: set[str] = set()  # paths looked at and refused (not regular, vanished)
+        self._mapped_by_name: dict[str, Path] = {}
         self.sizes: dict[Path, int] = {}
         self.inodes: dict[tuple[int, int], Path] = {}
         for p in self.paths:
@@ -205,15 +221,46 @@ class ProfileRecorder:
                     lines = f.read().splitlines()
             except OSError:
                 continue
+            others: list[tuple[int, int, int, str]] = []
             for line in lines:
                 m = _MAPS_RE.match(line)
                 if not m or not m.group(5).startswith("/"):
                     continue
                 path = names.get(m.group(5).removesuffix(" (deleted)"))
                 if path is None:
+                    if self.track_mapped:
+                        others.append((int(m.group(1), 16), int(m.group(2), 16), int(m.group(3), 16), m.group(5)))
                     continue
                 maps.setdefault(pid, []).append((int(m.group(1), 16), int(m.group(2), 16), int(m.group(3), 16), path))
+            if pid in maps:  # a process of the restored tree: its other mapped files count too
+                for start, end, off, name in others:
+                    path = self._add_mapped(name)
+                    if path is not None:
+                        maps[pid].append((start, end, off, path))
         self._maps = maps
+
+    def _add_mapped(self, name: str) -> Path | None:
+        """Start following a file the restored tree maps (outside the snapshot), or None to skip it:
+        deleted files, device/memfd/shm mappings and anything not a regular file."""
+        p = self._mapped_by_name.get(name)
+        if p is not None:
+            return p
+        if name in self._not_mapped:
+            return None
+        ok = not (name.endswith(" (deleted)") or name.startswith(("/dev/", "/proc/", "/sys/", "/memfd:")))
+        path = Path(name)
+        try:
+            st = path.stat() if ok else None
+        except OSError:
+            st = None
+        if st is None or not S_ISREG(st.st_mode) or st.st_size == 0 or path in self.sizes:
+            self._not_mapped.add(name)
+            return None
+        self.sizes[path] = st.st_size
+        self._recorded[path] = np.zeros(self._npages(path), dtype=bool)
+        self.mapped.add(path)
+        self._mapped_by_name[name] = path
+        return path
 
     def _scan_old(self) -> None:
         targets = {str(p) for p in self.paths} | {str(p.resolve()) for p in self.paths}
@@ -229,7 +276,9 @@ class ProfileRecorder:
             except OSError:
                 continue
 
-    def _pagemap(self) -> dict[Path, np.ndarray]:
+    def _pagemap(self, full: bool = True) -> dict[Path, np.ndarray]:
+        """Pages present in the watched processes' page tables, per file. ``full`` False skips the
+        mapped files outside the snapshot (gigabytes of library mappings: read 5 times a second)."""
         out: dict[Path, np.ndarray] = {}
         self._refresh_maps()
         for pid, vmas in self._maps.items():
@@ -239,6 +288,8 @@ class ProfileRecorder:
                 continue
             try:
                 for start, end, off, path in vmas:
+                    if not full and path in self.mapped:
+                        continue
                     n = (end - start) // PAGE
                     try:
                         raw = os.pread(fd, n * 8, (start // PAGE) * 8)
@@ -269,13 +320,13 @@ class ProfileRecorder:
         self._issued_n = len(issued)
 
     # -- sampling
-    def _sample(self) -> None:
+    def _sample(self, final: bool = False) -> None:
         t = round(time.monotonic() - self._t0, 4)
         self._samples += 1
         self._update_issued()  # before mincore: a range issued now may become resident in this sample
         new_by_source: list[tuple[str, Path, np.ndarray]] = []
         if self.use_pagemap:
-            for p, mask in self._pagemap().items():
+            for p, mask in self._pagemap(full=final or self._samples % 4 == 1).items():
                 new_by_source.append(("pagemap", p, mask))
         for p in self.paths:
             try:
@@ -299,8 +350,13 @@ class ProfileRecorder:
             for a, b in _runs(new):
                 off = a * PAGE
                 length = min(b * PAGE, self.sizes[p]) - off
-                self._ranges.append(ProfileRange(file=os.path.relpath(p, self.root), offset=off,
-                                                 length=length, t=t, source=source))
+                self._ranges.append(ProfileRange(file=self._name(p), offset=off, length=length, t=t,
+                                                 source=source))
+
+    def _name(self, p: Path) -> str:
+        """Snapshot files relative to the profile's directory (the snapshot moves with it); mapped
+        files outside it by absolute path (they are where the image says they are)."""
+        return str(p) if p in self.mapped else os.path.relpath(p, self.root)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -337,15 +393,17 @@ class ProfileRecorder:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        self._sample()
+        self._sample(final=True)
         return Profile(
             snapshot_id=self.snapshot_id,
             created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            files={os.path.relpath(p, self.root): s for p, s in self.sizes.items()},
+            files={self._name(p): s for p, s in self.sizes.items()},
             ranges=list(self._ranges),
             meta={"interval_s": self.interval, "samples": self._samples, "baseline_resident_bytes": self._baseline,
                   "seconds": round(time.monotonic() - self._t0, 3), "signals": ["pagemap", "pagecache"]
-                  if self.use_pagemap else ["pagecache"], "page_size": PAGE},
+                  if self.use_pagemap else ["pagecache"], "page_size": PAGE,
+                  "mapped_files": len(self.mapped),
+                  "mapped_bytes": sum(r.length for r in self._ranges if os.path.isabs(r.file))},
         )
 
     def __enter__(self) -> "ProfileRecorder":

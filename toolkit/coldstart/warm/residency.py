@@ -27,7 +27,29 @@ _libc.munmap.restype = ctypes.c_int
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _libc.mincore.restype = ctypes.c_int
 _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+_libc.madvise.restype = ctypes.c_int
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _MAP_FAILED = ctypes.c_void_p(-1).value
+MADV_POPULATE_READ = 22  # Linux 5.14+: fault the range in (read), no copy to user space
+
+
+def populate_fd(fd: int, offset: int, length: int) -> None:
+    """Bring ``length`` bytes at page-aligned ``offset`` of an open file into the page cache and
+    return when they are there: MADV_POPULATE_READ on a transient read-only shared mapping. Like a
+    pread it waits for the data (so in-flight bytes stay bounded), unlike one it copies nothing.
+    ctypes releases the GIL for the call, so several threads populate in parallel."""
+    if length <= 0:
+        return
+    addr = _libc.mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd, offset)
+    if addr in (None, _MAP_FAILED):
+        err = ctypes.get_errno()
+        raise OSError(err, f"mmap for populate: {os.strerror(err)}")
+    try:
+        if _libc.madvise(addr, length, MADV_POPULATE_READ) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"madvise(MADV_POPULATE_READ): {os.strerror(err)}")
+    finally:
+        _libc.munmap(addr, length)
 
 
 def _mincore_fd(fd: int, offset: int, length: int) -> np.ndarray:

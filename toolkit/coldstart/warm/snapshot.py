@@ -66,11 +66,12 @@ def should_record(root: Path | None, profile: Path | None) -> bool:
 class RecordingWarmer:
     """A warmer plus a profile recorder; same interface as the warmer it wraps."""
 
-    def __init__(self, warmer, root: Path, paths: list[Path], snapshot_id: str = ""):
+    def __init__(self, warmer, root: Path, paths: list[Path], snapshot_id: str = "", track_mapped: bool = True):
         self.inner = warmer
         self.mode = warmer.mode
         self.root = root
-        self.recorder = ProfileRecorder(paths, root=root, warmer=warmer, interval=0.05, snapshot_id=snapshot_id)
+        self.recorder = ProfileRecorder(paths, root=root, warmer=warmer, interval=0.05, snapshot_id=snapshot_id,
+                                        track_mapped=track_mapped)
         self.profile_path: Path | None = None
         self._ended = threading.Lock()
         self._over = False
@@ -102,10 +103,19 @@ class RecordingWarmer:
         except OSError as e:
             log.warning("warm: could not save the access profile in %s: %s", self.root, e)
 
+    def end_recording(self) -> Path | None:
+        """The restore is through (first token): stop recording, save the profile; the warm itself
+        goes on. Returns the saved profile's path (None: nothing recorded or not writable)."""
+        self._end(save=True)
+        return self.profile_path
+
     def wait(self, timeout: float | None = None) -> WarmStats:
         """The restore is through: save the recorded profile, then give the warm's stats."""
         self._end(save=True)
         return self.inner.wait(timeout)
+
+    def release(self) -> None:
+        getattr(self.inner, "release", lambda: None)()
 
     def cancel(self) -> None:
         self._end(save=False)

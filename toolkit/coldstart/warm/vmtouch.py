@@ -31,9 +31,11 @@ class VmtouchWarmer(BaseWarmer):
 
     def __init__(self, paths: list[Path] | list[str], *, procs: int = DEFAULT_PROCS,
                  split: int = DEFAULT_SPLIT, profile: Path | None = None,
-                 order: list[Path] | None = None, progress: ProgressFn | None = None):
+                 order: list[Path] | None = None, progress: ProgressFn | None = None,
+                 profile_only: list[Path] | None = None):
         self.exe = vmtouch_binary()
-        super().__init__(paths, chunk=split, profile=profile, order=order, progress=progress)
+        super().__init__(paths, chunk=split, profile=profile, order=order, progress=progress,
+                         profile_only=profile_only)
         self.procs = max(1, procs)
         self._running: dict[subprocess.Popen, Range] = {}
         self._thread: threading.Thread | None = None
