@@ -25,8 +25,9 @@ from typing import Callable
 from coldstart.errors import ColdstartError
 from coldstart.fsutil import fsync_tree
 from coldstart.pipeline import _criu, hostfacts
+from coldstart.pipeline import canary as canary_mod
 from coldstart.pipeline.events import EventName, Timeline
-from coldstart.pipeline.manifest import (MANIFEST_NAME, Canary, Manifest, inventory, tree_digest,
+from coldstart.pipeline.manifest import (MANIFEST_NAME, Manifest, inventory, tree_digest,
                                          sparse_copy, write_manifest)
 
 DEFAULT_CANARY = "The capital of France is"
@@ -40,7 +41,9 @@ class CheckpointOptions:
     port: int = 8000
     engine_args: list[str] = field(default_factory=list)
     canary_prompt: str = DEFAULT_CANARY
-    canary_tokens: int = 16
+    canary_tokens: int = 16  # canary_kind "tokens" only
+    canary_kind: str = "logprobs"  # logprobs: one forward pass (pipeline/canary.py) | tokens: N greedy tokens
+    reload_mode: str = "auto"  # the rehearsal's reload: map | copy | auto (engine/sleep_worker.py)
     kv_cache_bytes: int = 256 << 20
     criu_variant: str = "patched"
     ready_timeout: float = 900.0
@@ -142,14 +145,10 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
         eng.wait_ready(opts.ready_timeout)
         tl.mark(EventName.ENGINE_UP)
         client = EngineClient(spec.base_url, timeout=300)
-        first = client.complete(opts.canary_prompt, max_tokens=opts.canary_tokens, seed=0)
-        again = client.complete(opts.canary_prompt, max_tokens=opts.canary_tokens, seed=0)
-        if first.token_ids != again.token_ids:
-            raise ColdstartError("the canary is not deterministic on this engine (two greedy runs differ); "
-                                 "a restored server could not be checked")
-        canary = Canary(prompt=opts.canary_prompt, token_ids=list(first.token_ids), text=first.text,
-                        max_tokens=opts.canary_tokens, seed=0)
-        tl.mark(EventName.CANARY_RECORDED, tokens=len(canary.token_ids))
+        canary = canary_mod.record(client, opts.canary_prompt, kind=opts.canary_kind,
+                                   max_tokens=opts.canary_tokens, seed=0)
+        tl.mark(EventName.CANARY_RECORDED, tokens=len(canary.token_ids), kind=canary.kind,
+                prompt_tokens=len(canary.prompt_token_ids), tolerance=canary.tolerance)
         say(f"canary: {canary.text!r}")
 
         weights: dict = {}
@@ -164,12 +163,12 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
             # give the canary back before the snapshot is published.
             client.sleep(level=2)
             client.wake_up(["weights"])
-            reload_weights(client, out, weights)
+            reload_weights(client, out, weights, mode=opts.reload_mode)
             client.wake_up(["kv_cache"])
-            rehearsal = client.complete(opts.canary_prompt, max_tokens=opts.canary_tokens, seed=0)
-            if rehearsal.token_ids != canary.token_ids:
-                raise ColdstartError("rehearsal failed: after sleep + reload from the flat weights file the "
-                                     "canary differs (the dump or the reload is wrong)")
+            bad, _ = canary_mod.check(client, canary)
+            if bad:
+                raise ColdstartError(f"rehearsal failed: after sleep + reload from the flat weights file the "
+                                     f"canary differs (the dump or the reload is wrong): {bad}")
             client.sleep(level=2)
             if not client.is_sleeping():
                 raise ColdstartError("the engine did not go to sleep (level 2)")
@@ -259,11 +258,19 @@ def _keep_log(out: Path) -> Path | None:
     return dst
 
 
-def reload_weights(client, snap: Path, weights: dict):
-    """Refill the woken weights in place: our loader from the snapshot's flat file (CPU sleep
-    worker), else vLLM's own ``reload_weights`` from the model (GPU path: unverified on GPU)."""
+def reload_weights(client, snap: Path, weights: dict, mode: str | None = None):
+    """Refill the woken weights: the snapshot's flat file mapped over the weight arena or copied
+    through our loader (CPU sleep worker; ``mode`` map | copy | auto, default the worker's), else
+    vLLM's own ``reload_weights`` from the model (GPU path: unverified on GPU)."""
     if weights.get("dir"):
-        return client.collective_rpc("coldstart_reload", kwargs={"path": str(snap / weights["dir"])})
+        kw = {"path": str(snap / weights["dir"])}
+        if mode:
+            kw["mode"] = mode
+        res = client.collective_rpc("coldstart_reload", kwargs=kw)
+        for r in res:
+            if isinstance(r, dict) and r.get("error"):
+                raise ColdstartError(f"weight reload: {r['error']}")
+        return res
     return client.collective_rpc("reload_weights")
 
 

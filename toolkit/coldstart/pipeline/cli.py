@@ -23,6 +23,9 @@ def checkpoint_cmd(
     kv_cache_bytes: int = typer.Option(256 << 20, help="vLLM --kv-cache-memory-bytes."),
     canary: str = typer.Option("The capital of France is", help="Canary prompt (greedy, seed 0)."),
     no_sleep: bool = typer.Option(False, "--no-sleep", help="Dump the server awake (weights inside the image)."),
+    canary_kind: str = typer.Option("logprobs", help="logprobs: one forward pass, prompt logprobs compared | "
+                                    "tokens: 16 greedy tokens compared (slower)."),
+    reload_mode: str = typer.Option("auto", help="The rehearsal's weight reload: map | copy | auto."),
     timeline_out: Optional[Path] = typer.Option(None, help="Append the timing events (jsonl) here."),
 ) -> None:
     """Snapshot a warmed-up vLLM server of MODEL; extra args after `--` go to vLLM."""
@@ -33,7 +36,7 @@ def checkpoint_cmd(
     out = out or Path("snapshots") / Path(model).name
     opts = CheckpointOptions(model=model, out=out, port=port, engine_args=list(ctx.args), canary_prompt=canary,
                              kv_cache_bytes=kv_cache_bytes, criu_variant=criu_variant,
-                             sleep=False if no_sleep else None)
+                             sleep=False if no_sleep else None, canary_kind=canary_kind, reload_mode=reload_mode)
     m, tl = checkpoint(opts, say=_say)
     Console(stderr=True).print(tl.table())
     if timeline_out:
@@ -50,6 +53,8 @@ def restore_cmd(
     model: Optional[str] = typer.Option(None, help="Model to cold-boot if the manifest is unreadable."),
     timeout: float = typer.Option(300.0, help="Seconds to wait for the restored server."),
     net: str = typer.Option("auto", help="host (containers) | private (own netns + forwarder) | auto."),
+    reload_mode: str = typer.Option("auto", help="Weights: map (the snapshot's file mapped over the weight "
+                                    "arena; it must stay in place) | copy | auto (map when the layout matches)."),
     port: Optional[int] = typer.Option(None, help="Host port (private net: the forwarder's; cold boot: vLLM's)."),
     timeline_out: Optional[Path] = typer.Option(None, help="Append the timing events (jsonl) here."),
     metrics_gateway: Optional[str] = typer.Option(None, help="Push this restore's timing metrics to this Pushgateway URL."),
@@ -68,9 +73,9 @@ def restore_cmd(
     from coldstart.pipeline.restore import RestoreOptions, restore, serve as serve_fn
 
     res = restore(RestoreOptions(snapshot=snapshot, verify=verify, warm=not no_warm, fallback=not no_fallback,
-                                 model=model, timeout=timeout, net=net, port=port, warm_mode=warm_mode,
-                                 warm_method=warm_method, warm_profile=warm_profile, warm_record=warm_record,
-                                 warm_rest=warm_rest),
+                                 model=model, timeout=timeout, net=net, port=port, reload_mode=reload_mode,
+                                 warm_mode=warm_mode,
+                                 warm_method=warm_method, warm_profile=warm_profile, warm_record=warm_record, warm_rest=warm_rest),
                   say=_say)
     Console(stderr=True).print(res.timeline.table())
     if timeline_out:

@@ -23,11 +23,22 @@ _CHUNK = 8 << 20
 
 @dataclass
 class Canary:
+    """What a restored server must answer before it serves (see coldstart.pipeline.canary).
+
+    kind "tokens" (snapshots made before the logprob canary; still restorable): ``max_tokens``
+    greedy tokens must equal ``token_ids``. kind "logprobs" (default since): one forward pass with
+    ``max_tokens`` = 1: the prompt's token ids and the greedy first token must be equal, and every
+    prompt-token and first-token logprob within ``tolerance`` nats of the recorded ones."""
     prompt: str
     token_ids: list[int]
     text: str = ""
     max_tokens: int = 16
     seed: int = 0
+    kind: str = "tokens"
+    prompt_token_ids: list[int] = field(default_factory=list)
+    prompt_logprobs: list[float | None] = field(default_factory=list)
+    token_logprobs: list[float | None] = field(default_factory=list)
+    tolerance: float = 0.0
 
 
 @dataclass

@@ -48,6 +48,7 @@ class RestoreOptions:
     port: int | None = None  # host port to serve on (private net: the forwarder's; cold boot: vLLM's)
     cold_timeout: float = 900.0
     net: str = "auto"  # host | private | auto (private when the snapshot's port is busy here)
+    reload_mode: str = "auto"  # map | copy | auto: how the worker refills its weights (sleep_worker.py)
     # page-cache warming (warm stage): None/"auto" = the entrypoint's COLDSTART_WARM_* env or defaults
     warm_mode: str | None = None  # native | vmtouch | none
     warm_method: str | None = None  # native: pread | populate | willneed
@@ -330,17 +331,20 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) -
             client.wake_up(["weights"])
             tl.mark(EventName.WAKE_WEIGHTS)
             t = time.monotonic()
-            reload_weights(client, snap, m.weights)
+            res = reload_weights(client, snap, m.weights, mode=opts.reload_mode)
             dt = time.monotonic() - t
             nbytes = int(m.weights.get("bytes", 0))
-            tl.mark(EventName.WEIGHTS_LOADED, bytes=nbytes, gib_s=round(nbytes / 2**30 / dt, 3) if dt else 0)
+            r0 = res[0] if res and isinstance(res[0], dict) else {}
+            tl.mark(EventName.WEIGHTS_LOADED, bytes=nbytes, gib_s=round(nbytes / 2**30 / dt, 3) if dt else 0,
+                    mode=r0.get("mode", "stock"), **({"map_refused": r0["map_refused"]} if r0.get("map_refused") else {}))
             client.wake_up(["kv_cache"])
             tl.mark(EventName.WAKE_KV)
-        comp = client.complete(m.canary.prompt, max_tokens=m.canary.max_tokens, seed=m.canary.seed)
-        if comp.token_ids != m.canary.token_ids:
-            raise RestoreFailed(f"canary mismatch: the restored server answered {comp.text!r}, "
-                                f"the snapshot recorded {m.canary.text!r}")
-        tl.mark(EventName.CANARY_OK)
+        from coldstart.pipeline.canary import check as check_canary
+
+        bad, text = check_canary(client, m.canary)
+        if bad:
+            raise RestoreFailed(bad)
+        tl.mark(EventName.CANARY_OK, kind=m.canary.kind)
         tl.mark(EventName.FIRST_TOKEN)
         tl.mark(EventName.READY, url=base_url, pid=root_pid)
         if warmer is not None:
@@ -349,7 +353,7 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) -
         tl.labels["outcome"] = "restored"
         shutil.rmtree(work, ignore_errors=True)
         return RestoreResult(engine=eng, base_url=base_url, timeline=tl, restored=True, canary_ok=True,
-                             manifest=m, text=comp.text, forwarder=fwd)
+                             manifest=m, text=text, forwarder=fwd)
     except BaseException:
         eng.stop(timeout=5)
         if fwd is not None:
