@@ -78,13 +78,15 @@ def test_layout(flat, src):
 @pytest.mark.parametrize("mode", ["direct", "staged"])
 @pytest.mark.parametrize("verify", [False, True])
 @pytest.mark.parametrize("o_direct", [False, True])
-def test_roundtrip_bit_exact(flat, src, mode, verify, o_direct, monkeypatch):
+@pytest.mark.parametrize("layout", ["ranges", "shared"])
+def test_roundtrip_bit_exact(flat, src, mode, verify, o_direct, layout, monkeypatch):
     # O_DIRECT into unaligned tensors goes through a bounce buffer: make it small and not a divisor
     # of the pieces, so sub-reads straddle tensor and piece boundaries
     monkeypatch.setattr(loader_mod, "BOUNCE_BYTES", 12 * KIB)
     dest = _fresh(src)
     seen: list[tuple[int, int]] = []
     stats = load_into(flat, dest, threads=3, chunk_bytes=64 * KIB, buffers=2, verify=verify, direct=o_direct, mode=mode,
+                      layout=layout, prefetch_bytes=128 * KIB if layout == "ranges" else 0,
                       progress=lambda done, total: seen.append((done, total)))
     assert max(seen) == (stats.bytes, stats.bytes)
     for k, v in src.items():
@@ -112,6 +114,36 @@ def test_many_small_tensors(tmp_path):
         dest = _fresh(src)
         load_into(tmp_path / "many", dest, mode=mode, verify=True)
         assert all(_raw(dest[k]) == _raw(v) for k, v in src.items())
+
+
+@pytest.mark.parametrize("threads", [1, 2, 5, 64])
+def test_ranges_cover_every_piece_once(threads):
+    """Each reader starts on its own contiguous run; a reader that is done takes over the upper half
+    of the biggest run left. Whatever the interleaving, every piece is read exactly once."""
+    import random
+
+    entries = [type("E", (), {"offset": i * 8 * KIB, "nbytes": (1 + i % 3) * 2 * KIB})() for i in range(37)]
+    pieces = plan_pieces(entries, 8 * KIB, digest_chunk=4 * KIB, verify=False)
+    for seed in range(5):
+        ld = loader_mod._Loader.__new__(loader_mod._Loader)
+        ld.pieces, ld.lock, ld.stop = pieces, threading.Lock(), threading.Event()
+        ranges = ld._split_ranges(threads)
+        assert ranges[0][0] == 0 and ranges[-1][1] == len(pieces)
+        assert all(ranges[j][1] == ranges[j + 1][0] for j in range(threads - 1))  # contiguous, in file order
+        rng, active, got = random.Random(seed), list(range(threads)), []
+        while active:
+            me = rng.choice(active)
+            p = ld._take_range(ranges, me)
+            if p is None:
+                active.remove(me)
+            else:
+                got.append(p.offset)
+        assert sorted(got) == [p.offset for p in pieces]
+
+
+def test_unknown_layout_is_refused(flat, src):
+    with pytest.raises(ColdstartError, match="layout"):
+        load_into(flat, _fresh(src), layout="zigzag")
 
 
 def test_non_contiguous_destination(flat, src):

@@ -340,10 +340,11 @@ def _copy_into(dest: dict, name: str, t) -> None:
 def run_coldstart(flat_dir: Path, dest: dict, cfg: dict) -> tuple[int, None, dict]:
     from coldstart.weights.loader import load_into
 
-    st = load_into(flat_dir, dest, threads=cfg["threads"], chunk_bytes=cfg["chunk_bytes"], buffers=cfg["buffers"],
-                   verify=False, direct=cfg["direct"], mode=cfg.get("mode", "auto"))
+    kw = {k: cfg[k] for k in LOADER_KEYS if k in cfg}
+    st = load_into(flat_dir, dest, verify=False, **kw)
     # the loader's own account of where the time went (phases wall s; read_s/copy_s thread-seconds)
-    extra = {k: getattr(st, k) for k in ("seconds", "mode", "phases", "read_s", "copy_s", "wait_s", "o_direct", "notes")}
+    extra = {k: getattr(st, k, None) for k in ("seconds", "mode", "phases", "read_s", "copy_s", "wait_s", "o_direct",
+                                               "notes", "threads", "layout", "read_bytes", "fadvise")}
     return 0, None, extra
 
 
@@ -603,12 +604,15 @@ class Summary:
     table_md: str = ""
 
 
+LOADER_KEYS = ("threads", "chunk_bytes", "buffers", "direct", "mode", "layout", "read_bytes", "fadvise", "prefetch_bytes")
+
+
 def loader_defaults() -> dict[str, Any]:
     """The loader's own defaults, read from its signature so the "default" row tracks the code."""
     from coldstart.weights.loader import load_into
 
     p = inspect.signature(load_into).parameters
-    return {k: p[k].default for k in ("threads", "chunk_bytes", "buffers", "direct", "mode") if k in p}
+    return {k: p[k].default for k in LOADER_KEYS if k in p}
 
 
 def loader_configs(quick: bool) -> list[tuple[str, dict[str, Any], tuple[str, ...]]]:
@@ -616,13 +620,18 @@ def loader_configs(quick: bool) -> list[tuple[str, dict[str, Any], tuple[str, ..
     d = loader_defaults()
     out = [("default", dict(d), ("cold", "warm"))]
     if not quick:
-        variants = [("direct", 4, 16 * MiB, 4), ("direct", 16, 16 * MiB, 4),
-                    # the double-buffered path the CUDA destination uses, measured here on CPU
-                    ("staged", 8, 64 * MiB, 4)]
-        for mode, t, c, b in variants:
-            cfg = dict(d, threads=t, chunk_bytes=c, buffers=b, direct=False, mode=mode)
-            label = f"{mode}-t{t}-c{_fmt_bytes(c)}" + (f"-b{b}" if mode == "staged" else "")
-            out.append((label, cfg, ("cold", "warm")))
+        out += [
+            # the loader's defaults before this shape was measured: 8 threads sharing one queue of 64 MiB reads
+            ("shared-t8-c64M", dict(d, layout="shared", threads=8, chunk_bytes=64 * MiB, read_bytes=0, fadvise=None),
+             ("cold", "warm")),
+            # the default's shape, but whole 16 MiB pieces per read even when the data is not cached
+            ("default-whole-reads", dict(d, read_bytes=0), ("cold", "warm")),
+            # the default's shape with 8 readers (what the engine's reload asks for)
+            ("default-t8", dict(d, threads=8), ("cold", "warm")),
+            # the double-buffered path the CUDA destination uses, measured here on CPU
+            ("staged-t8-c64M-b4", dict(d, mode="staged", threads=8, chunk_bytes=64 * MiB, buffers=4, direct=False),
+             ("cold", "warm")),
+        ]
     # O_DIRECT bypasses the page cache, so it only makes sense cold
     out.append(("default+O_DIRECT", dict(d, direct=True), ("cold",)))
     return out
@@ -1000,6 +1009,21 @@ def summarize(records: list[dict], cfg: BenchConfig, host: dict, skipped: dict[s
             lines.append(f"| {label} | {cache} | {_median([r['wall_seconds'] for r in rs]):.3f} | {ph('plan'):.3f} | "
                          f"{ph('io'):.3f} | {ph('finalize'):.3f} | {_median([x['read_s'] for x in L]):.2f} | "
                          f"{_median([x['copy_s'] for x in L]):.3f} | {L[0]['mode']}{' O_DIRECT' if L[0]['o_direct'] else ''} |")
+    cfgs = {}
+    for (m, label, _c), rs in sorted(groups.items()):
+        if m == "coldstart" and label not in cfgs:
+            cfgs[label] = (rs[0].get("params") or {}, rs[0].get("loader") or {})
+    if cfgs:
+        lines.append("\n## Our loader's configurations (load_into arguments)\n")
+        lines.append("| config | threads | layout | piece | cold reads of | fadvise | mode | O_DIRECT |")
+        lines.append("|---|---|---|---|---|---|---|---|")
+        for label, (p, L) in cfgs.items():
+            t = p.get("threads")
+            t_txt = f"{L.get('threads')} (auto)" if not t and L.get("threads") else str(t)
+            rb = p.get("read_bytes") or 0
+            lines.append(f"| {label} | {t_txt} | {p.get('layout', '-')} | {_fmt_bytes(p.get('chunk_bytes') or 0)} | "
+                         f"{_fmt_bytes(rb) if rb else 'whole pieces'} | {p.get('fadvise') or 'none'} | "
+                         f"{p.get('mode', 'auto')} | {'yes' if p.get('direct') else 'no'} |")
     ev = host.get("eviction_selftest") or {}
     res_cold = [v["resident"] for k, v in med.items() if k[2] == "cold"]
     res_warm = [v["resident"] for k, v in med.items() if k[2] == "warm"]

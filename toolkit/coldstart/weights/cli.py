@@ -41,8 +41,11 @@ def dump_command(
 
 def load_command(
     flat: Path = typer.Argument(..., help="a dump directory or its weights.flat"),
-    threads: int = typer.Option(8, "--threads", help="reader threads"),
-    chunk_mb: int = typer.Option(64, "--chunk-mb", help="largest read in MiB"),
+    threads: int = typer.Option(0, "--threads", help="reader threads (0: one per CPU, at most 8)"),
+    chunk_mb: int = typer.Option(16, "--chunk-mb", help="largest piece in MiB"),
+    read_kb: int = typer.Option(1024, "--read-kb", help="largest blocking read of uncached data in KiB (0: whole pieces)"),
+    layout: str = typer.Option("ranges", "--layout", help="ranges (one contiguous run per reader) | shared (one queue)"),
+    fadvise: str = typer.Option("sequential", "--fadvise", help="hint on each reader's fd: sequential | none"),
     buffers: int = typer.Option(4, "--buffers", help="host buffers (staged mode)"),
     verify: bool = typer.Option(False, "--verify", help="check every chunk digest while loading"),
     direct: bool = typer.Option(False, "--direct", help="O_DIRECT reads (bypass the page cache)"),
@@ -64,7 +67,8 @@ def load_command(
     with _progress_bar("load") as prog:
         task = prog.add_task(f"loading {Path(index.data_file).name}", total=index.total_bytes)
         stats = load_into(index, dest, threads=threads, chunk_bytes=chunk_mb << 20, buffers=buffers, verify=verify,
-                          direct=direct, mode=mode,
+                          direct=direct, mode=mode, layout=layout, read_bytes=read_kb << 10,
+                          fadvise=None if fadvise == "none" else fadvise,
                           progress=lambda done, total: prog.update(task, completed=done))
     if json_out:
         typer.echo(json.dumps(stats.as_dict()))
@@ -77,6 +81,7 @@ def load_command(
         ("seconds", f"{stats.seconds:.3f}"), ("throughput", f"{stats.gib_per_s:.2f} GiB/s"),
         ("mode", stats.mode + (" + O_DIRECT" if stats.o_direct else "") + (" + verify" if stats.verify else "")),
         ("threads / chunk / buffers", f"{stats.threads} / {stats.chunk_bytes >> 20} MiB / {stats.buffers or '-'}"),
+        ("layout / cold reads / hint", f"{stats.layout} / {stats.read_bytes >> 10 or '-'} KiB / {stats.fadvise or '-'}"),
         *((f"phase {k}", f"{v:.3f} s") for k, v in stats.phases.items()),
         ("read (thread-s)", f"{stats.read_s:.3f}"),
     ]

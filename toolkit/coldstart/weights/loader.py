@@ -18,6 +18,7 @@ digests of the index while loading (an error names the tensor).
 """
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import threading
@@ -57,6 +58,9 @@ class LoadStats:
     verify_s: float = 0.0  # time hashing
     wait_s: float = 0.0  # staged: coordinator waiting for a filled buffer
     notes: list[str] = field(default_factory=list)
+    layout: str = "ranges"  # ranges (one contiguous run per reader) | shared (one queue of pieces)
+    read_bytes: int = 0  # largest blocking read of data not yet cached (0: whole pieces)
+    fadvise: str = ""  # the hint given on each reader's fd ("" = none)
 
     def as_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -239,13 +243,61 @@ def _preadv_full(fd: int, views: list, offset: int, what: Callable[[], str], nee
     return total
 
 
+def _steps(views: list, start: int, step: int):
+    """``views`` from byte ``start`` on, cut into lists of views of at most ``step`` bytes each."""
+    out, cur, room, skip = [], [], step, start
+    for v in views:
+        if skip >= len(v):
+            skip -= len(v)
+            continue
+        v, skip = v[skip:], 0
+        while len(v):
+            take = min(room, len(v))
+            cur.append(v[:take])
+            v, room = v[take:], room - take
+            if room == 0:
+                out.append(cur)
+                cur, room = [], step
+    if cur:
+        out.append(cur)
+    return out
+
+
+def _read_cold_aware(fd: int, views: list, offset: int, what: Callable[[], str], step: int) -> int:
+    """Fill ``views`` from ``offset``: whatever the page cache already holds in one RWF_NOWAIT call
+    (a warm file costs one syscall per piece), the rest in blocking reads of at most ``step`` bytes.
+
+    Why small blocking reads: on a cold file the kernel's readahead keeps the device busy ahead of a
+    stream of ~1 MiB reads; fio (the measured limit) reads this way, and fio's own 16 MiB reads were
+    slower than its 1 MiB ones here (results/bench-load)."""
+    total = sum(len(v) for v in views)
+    done = 0
+    if step <= 0 or step >= total:
+        return _preadv_full(fd, views, offset, what)
+    try:
+        done = max(0, os.preadv(fd, views, offset, os.RWF_NOWAIT))
+    except BlockingIOError:  # nothing of it cached yet (its readahead has been started)
+        done = 0
+    except OSError as e:  # EOPNOTSUPP on filesystems without non-blocking buffered reads
+        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise ColdstartError(f"reading {what()} from the weights file failed: {e.strerror or e}") from None
+        done = 0
+    if done >= total:
+        return total
+    pos = offset + done
+    for part in _steps(views, done, step):
+        pos += _preadv_full(fd, part, pos, what)
+    return total
+
+
 # --------------------------------------------------------------------------------------------
 # the loader
 
 
 class _Loader:
     def __init__(self, index: FlatIndex, pairs, *, threads: int, chunk_bytes: int, buffers: int, verify: bool,
-                 direct: bool, progress: Progress | None, mode: str):
+                 direct: bool, progress: Progress | None, mode: str, layout: str = "ranges",
+                 read_bytes: int = 0, fadvise: str | None = None, prefetch_bytes: int = 0):
         import torch
 
         self.torch = torch
@@ -291,6 +343,14 @@ class _Loader:
         self.errors: list[BaseException] = []
         self.stop = threading.Event()
         self.next_piece = 0
+        if layout not in ("shared", "ranges"):
+            raise ColdstartError(f"unknown read layout {layout!r} (shared or ranges)")
+        self.layout = layout
+        self.read_bytes = max(0, read_bytes)
+        if fadvise not in (None, "sequential"):
+            raise ColdstartError(f"unknown fadvise {fadvise!r} (sequential or none)")
+        self.fadvise = fadvise
+        self.prefetch_bytes = max(0, prefetch_bytes)
         self.tls = threading.local()
         self.views = [_bytes_view(t) for t in self.targets]  # torch uint8 views
         self.np_views = [v.numpy() if self.device == "cpu" else None for v in self.views]
@@ -305,9 +365,12 @@ class _Loader:
                 self.notes.append(f"O_DIRECT refused ({e.strerror}); buffered reads used")
                 self.o_direct = False
         try:
-            return os.open(self.index.data_file, flags)
+            fd = os.open(self.index.data_file, flags)
         except OSError as e:
             raise ColdstartError(f"{self.index.data_file}: cannot open ({e.strerror})") from None
+        if self.fadvise == "sequential" and not self.o_direct:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        return fd
 
     def _take(self) -> Piece | None:
         with self.lock:
@@ -364,7 +427,10 @@ class _Loader:
                     views.append(scratch[:s.boff - pos])
                 views.append(memoryview(self.np_views[s.tensor][s.toff:s.toff + s.length]))
                 pos = s.boff + s.length
-            _preadv_full(fd, views, piece.offset, self._what(piece))
+            if self.o_direct:
+                _preadv_full(fd, views, piece.offset, self._what(piece))
+            else:
+                _read_cold_aware(fd, views, piece.offset, self._what(piece), self.read_bytes)
             self.read_s_add(time.perf_counter() - t0)
             if self.verify:
                 for s in piece.segments:
@@ -410,9 +476,75 @@ class _Loader:
             if fd >= 0:
                 os.close(fd)
 
+    def _split_ranges(self, n: int) -> list[list[int]]:
+        """The pieces cut into ``n`` contiguous runs of about equal bytes: ``[next, end)`` piece
+        indices, one run per reader (each reader is then one sequential stream, like fio's jobs)."""
+        total = sum(p.length for p in self.pieces) or 1
+        bounds = [0] * (n + 1)
+        acc, k = 0, 1
+        for i, p in enumerate(self.pieces):
+            while k < n and acc >= total * k // n:
+                bounds[k] = i
+                k += 1
+            acc += p.length
+        for j in range(k, n + 1):
+            bounds[j] = len(self.pieces)
+        return [[bounds[j], bounds[j + 1]] for j in range(n)]
+
+    def _take_range(self, ranges: list[list[int]], me: int) -> Piece | None:
+        """The next piece of reader ``me``'s run; when it is done, take over the upper half of the
+        biggest run left (so a slow stream's tail is shared, and both halves stay sequential)."""
+        with self.lock:
+            if self.stop.is_set():
+                return None
+            r = ranges[me]
+            if r[0] >= r[1]:
+                victim = max(range(len(ranges)), key=lambda j: ranges[j][1] - ranges[j][0])
+                v = ranges[victim]
+                left = v[1] - v[0]
+                if left <= 0:
+                    return None
+                mid = v[0] + (left + 1) // 2 if left > 1 else v[0]
+                r[0], r[1] = mid, v[1]
+                v[1] = mid
+            p = self.pieces[r[0]]
+            r[0] += 1
+            return p
+
+    def _range_worker(self, ranges: list[list[int]], me: int) -> None:
+        fd = -1
+        try:
+            fd = self._open()
+            scratch = memoryview(_aligned_buffer(self.index.alignment * 2))
+            hinted = last_end = 0
+            while (p := self._take_range(ranges, me)) is not None:
+                if self.prefetch_bytes and not self.o_direct:  # start the next bytes' reads early
+                    if p.offset != last_end:  # a new run (taken over from another reader)
+                        hinted = 0
+                    last_end = p.offset + p.length
+                    lo = max(hinted, p.offset + p.length)
+                    hi = p.offset + p.length + self.prefetch_bytes
+                    if hi > lo:
+                        os.posix_fadvise(fd, lo, hi - lo, os.POSIX_FADV_WILLNEED)
+                        hinted = hi
+                self._direct_piece(fd, p, scratch)
+        except BaseException as e:  # noqa: BLE001 - handed to the coordinator
+            with self.lock:
+                self.errors.append(e)
+            self.stop.set()
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
     def run_direct(self) -> None:
-        ths = [threading.Thread(target=self._direct_worker, name=f"coldstart-load-{i}", daemon=True)
-               for i in range(min(self.threads, max(1, len(self.pieces))))]
+        n = min(self.threads, max(1, len(self.pieces)))
+        if self.layout == "ranges":
+            ranges = self._split_ranges(n)
+            ths = [threading.Thread(target=self._range_worker, args=(ranges, i), name=f"coldstart-load-{i}",
+                                    daemon=True) for i in range(n)]
+        else:
+            ths = [threading.Thread(target=self._direct_worker, name=f"coldstart-load-{i}", daemon=True)
+                   for i in range(n)]
         for t in ths:
             t.start()
         for t in ths:
@@ -429,15 +561,20 @@ class _Loader:
         ready: "queue.Queue[tuple[Piece, Any] | BaseException | None]" = queue.Queue()
         nreaders = min(self.threads, max(1, len(self.pieces)))
 
-        def reader() -> None:
+        ranges = self._split_ranges(nreaders) if self.layout == "ranges" else None
+
+        def reader(me: int) -> None:
             fd = -1
             try:
                 fd = self._open()
-                while (p := self._take()) is not None:
+                while (p := (self._take_range(ranges, me) if ranges is not None else self._take())) is not None:
                     buf = pool.acquire()
                     n = align_up(p.length, DIRECT_IO_ALIGN) if self.o_direct else p.length
                     t0 = time.perf_counter()
-                    _preadv_full(fd, [copier.host_view(buf)[:n]], p.offset, self._what(p), need=p.length)
+                    if self.o_direct:
+                        _preadv_full(fd, [copier.host_view(buf)[:n]], p.offset, self._what(p), need=p.length)
+                    else:
+                        _read_cold_aware(fd, [copier.host_view(buf)[:n]], p.offset, self._what(p), self.read_bytes)
                     self.read_s_add(time.perf_counter() - t0)
                     ready.put((p, buf))
             except _Stopped:
@@ -449,7 +586,8 @@ class _Loader:
                     os.close(fd)
                 ready.put(None)
 
-        ths = [threading.Thread(target=reader, name=f"coldstart-read-{i}", daemon=True) for i in range(nreaders)]
+        ths = [threading.Thread(target=reader, args=(i,), name=f"coldstart-read-{i}", daemon=True)
+               for i in range(nreaders)]
         for t in ths:
             t.start()
         finished = 0
@@ -581,22 +719,35 @@ def load_into(
     flat: Path | str,
     dest: Mapping[str, Any],
     *,
-    threads: int = 8,
-    chunk_bytes: int = 64 << 20,
+    threads: int = 0,
+    chunk_bytes: int = 16 << 20,
     buffers: int = 4,
     verify: bool = False,
     direct: bool = False,
     progress: Progress | None = None,
     strict: bool = True,
     mode: str = "auto",
+    layout: str = "ranges",
+    read_bytes: int = 1 << 20,
+    fadvise: str | None = "sequential",
+    prefetch_bytes: int = 0,
 ) -> LoadStats:
     """Load a flat dump (its directory or weights.flat) into ``dest`` in place.
 
     ``dest`` maps tensor names to preallocated tensors whose dtypes and shapes match the index
     (``strict``: the two name sets must also be equal). ``mode``: auto (direct on CPU, staged on
     CUDA), direct or staged. ``direct`` opens the file with O_DIRECT (bypasses the page cache).
+
+    How the file is read (defaults measured best here, see docs/weights.md): ``threads`` readers
+    (0: one per usable CPU, at most 8), each walking its own contiguous run of the file
+    (``layout="ranges"``; ``"shared"``: all take the next piece of one queue) in pieces of at most
+    ``chunk_bytes``; a piece the page cache holds is read with one call, the rest in blocking
+    reads of ``read_bytes`` (0: the whole piece at once); ``fadvise="sequential"`` on each reader's
+    file descriptor (None: no hint); ``prefetch_bytes`` > 0 also asks for that many bytes ahead of
+    each reader with POSIX_FADV_WILLNEED.
     """
     t_start = time.perf_counter()
+    threads = threads if threads and threads > 0 else auto_threads()
     index = flat if isinstance(flat, FlatIndex) else read_index(flat)
     pairs = check_dest(index, dest, strict)
     groups: dict[str, list] = {}
@@ -610,7 +761,8 @@ def load_into(
         if progress is not None and len(groups) > 1:
             prog = (lambda b: lambda done, _t: progress(b + done, total))(base)
         parts.append(_load_group(index, g, threads=threads, chunk_bytes=chunk_bytes, buffers=buffers, verify=verify,
-                                 direct=direct, progress=prog, mode=mode))
+                                 direct=direct, progress=prog, mode=mode, layout=layout, read_bytes=read_bytes,
+                                 fadvise=fadvise, prefetch_bytes=prefetch_bytes))
         base += parts[-1].bytes
     st = parts[0]
     if len(parts) > 1:
@@ -628,6 +780,15 @@ def load_into(
     st.seconds = time.perf_counter() - t_start
     st.gib_per_s = st.bytes / st.seconds / 2**30 if st.seconds > 0 else 0.0
     return st
+
+
+def auto_threads() -> int:
+    """One reader per CPU this process may use, at most 8 (fio's best job count here was the CPU count)."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 2
+    return max(1, min(8, n))
 
 
 def _load_group(index: FlatIndex, pairs, **kw) -> LoadStats:
@@ -654,6 +815,7 @@ def _load_group(index: FlatIndex, pairs, **kw) -> LoadStats:
         buffers=ld.nbuffers if ld.mode == "staged" else 0, verify=kw["verify"], o_direct=ld.o_direct,
         phases={"plan": round(t_plan - t_start, 6), "io": round(t_io - t_plan, 6), "finalize": round(t_end - t_io, 6)},
         read_s=ld.read_s, copy_s=ld.copy_s, verify_s=ld.verify_s, wait_s=ld.wait_s, notes=ld.notes,
+        layout=ld.layout, read_bytes=ld.read_bytes, fadvise=ld.fadvise or "",
     )
 
 
