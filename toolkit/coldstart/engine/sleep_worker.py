@@ -306,11 +306,6 @@ class SleepCPUWorker(ColdstartRPCMixin, CPUWorker):
             t2, r2 = release_tensors(tensors)
             w_total += t2
             w_rel += r2
-            # give freed heap back to the kernel too: what stays resident here is what CRIU dumps
-            import gc
-
-            gc.collect()
-            _libc.malloc_trim(0)
             self._cs_sleeping.add("weights")
         self._cs_last = {"op": "sleep", "level": level, "kv_bytes": kv_total, "kv_released": kv_rel,
                          "weights_bytes": w_total, "weights_released": w_rel,
