@@ -624,10 +624,10 @@ def loader_configs(quick: bool) -> list[tuple[str, dict[str, Any], tuple[str, ..
             # the loader's defaults before this shape was measured: 8 threads sharing one queue of 64 MiB reads
             ("shared-t8-c64M", dict(d, layout="shared", threads=8, chunk_bytes=64 * MiB, read_bytes=0, fadvise=None),
              ("cold", "warm")),
-            # the default's shape, but whole 16 MiB pieces per read even when the data is not cached
-            ("default-whole-reads", dict(d, read_bytes=0), ("cold", "warm")),
-            # the default's shape with 8 readers (what the engine's reload asks for)
-            ("default-t8", dict(d, threads=8), ("cold", "warm")),
+            # the default's shape with one reader per CPU (fio's best job count here)
+            ("default-1-per-cpu", dict(d, threads=0), ("cold", "warm")),
+            # the same, whole 16 MiB pieces per read even when the data is not cached
+            ("default-1-per-cpu-whole-reads", dict(d, threads=0, read_bytes=0), ("cold", "warm")),
             # the double-buffered path the CUDA destination uses, measured here on CPU
             ("staged-t8-c64M-b4", dict(d, mode="staged", threads=8, chunk_bytes=64 * MiB, buffers=4, direct=False),
              ("cold", "warm")),

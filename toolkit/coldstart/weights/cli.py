@@ -41,7 +41,7 @@ def dump_command(
 
 def load_command(
     flat: Path = typer.Argument(..., help="a dump directory or its weights.flat"),
-    threads: int = typer.Option(0, "--threads", help="reader threads (0: one per CPU, at most 8)"),
+    threads: int = typer.Option(8, "--threads", help="reader threads (0: one per CPU, at most 8)"),
     chunk_mb: int = typer.Option(16, "--chunk-mb", help="largest piece in MiB"),
     read_kb: int = typer.Option(1024, "--read-kb", help="largest blocking read of uncached data in KiB (0: whole pieces)"),
     layout: str = typer.Option("ranges", "--layout", help="ranges (one contiguous run per reader) | shared (one queue)"),
