@@ -269,6 +269,13 @@ RestoreFn = Callable[[dict], dict]
 def run_restore_bench(restore_once: RestoreFn, snapshot_dir: Path, *, runs: int = 5, out: Path = Path("results/warm"),
                       variants: list[dict] | None = None, drop: str = "global",
                       echo: Callable[[str], None] = print) -> list[dict]:
+    global _NEEDED
+    try:  # the recorded profile's needed set: the strict "bytes that had to be read"
+        from coldstart.warm.profile import PROFILE_NAME, load_profile
+
+        _NEEDED = load_profile(Path(snapshot_dir) / PROFILE_NAME).bytes
+    except Exception:  # noqa: BLE001 - no profile: the no-warming restore's bytes only
+        _NEEDED = None
     """For each round: every warming variant cold (page cache dropped first), then one warm restore.
 
     ``restore_once(variant)`` restores the snapshot with that variant (``variant["mode"]``,
@@ -323,13 +330,17 @@ def run_restore_bench(restore_once: RestoreFn, snapshot_dir: Path, *, runs: int 
     return rows
 
 
+_NEEDED: int | None = None
+
+
 def _meta(dev: str, bws: list[dict], total: int, drop: str) -> dict:
-    return {"device": dev, "bandwidth": bws, "snapshot_bytes": total, "drop": drop,
+    return {"device": dev, "bandwidth": bws, "snapshot_bytes": total, "drop": drop, "profile_needed_bytes": _NEEDED,
             "tools": ["fio --direct=1 --bs=8M --iodepth=16 --ioengine=libaio",
                       "fio --direct=0 --numjobs=2 --bs=1M --ioengine=psync (disjoint halves)"]}
 
 
-def restore_table(rows: list[dict], names: list[str], runs: int, drop: str, bws: list) -> str:
+def restore_table(rows: list[dict], names: list[str], runs: int, drop: str, bws: list,
+                  needed: int | None = None) -> str:
     """The issue-5 table. Floor = max(warm restore median, demand / best sequential bandwidth), where
     demand = the median bytes the cold restore *without warming* made the device read (what the
     restore needs; warming unneeded data must not raise the floor) and the bandwidth is the higher
@@ -346,21 +357,27 @@ def restore_table(rows: list[dict], names: list[str], runs: int, drop: str, bws:
     else:  # old runs: one O_DIRECT figure
         od, bu = statistics.median(bws), 0.0
     bw = max(od, bu)
-    demand = mine.get("none")
-    if demand is None or demand != demand:
-        demand = statistics.median([mine[n] for n in names if n != "warm" and mine[n] == mine[n]] or [0])
+    needed = needed if needed is not None else _NEEDED
+    demand_none = mine.get("none")
+    if demand_none is None or demand_none != demand_none:
+        demand_none = statistics.median([mine[n] for n in names if n != "warm" and mine[n] == mine[n]] or [0])
+    demand = min(demand_none, needed) if needed else demand_none
     floor = max(med["warm"], demand / bw) if bw else float("nan")
     lines = [f"Restore -> first token, median of {runs} rounds, every variant once per round; cold = page cache "
              f"dropped ({drop}) before the case; warm = the snapshot read just before.", "",
              f"- Device sequential bandwidth, measured every round on the snapshot's biggest file (evicted "
              f"first): O_DIRECT (fio QD16, 8 MiB) median {od / GiB:.2f} GiB/s; buffered (fio, 2 jobs, 1 MiB, "
              f"kernel readahead) median {bu / GiB:.2f} GiB/s. The floor uses the higher: {bw / GiB:.2f} GiB/s.",
-             f"- Demand = bytes the cold restore *without warming* made the device read (median of `none`): "
+             f"- Demand = the smaller of the bytes the cold restore *without warming* made the device read "
+             f"(median of `none`: {demand_none / GiB:.2f} GiB) and the recorded profile's needed set "
+             f"({(needed or 0) / GiB:.2f} GiB: CRIU's reads, the pages the restored tree touched, the weights, the "
+             f"touched ranges of the mapped libraries; the kernel's unused read-around excluded) = "
              f"{demand / GiB:.2f} GiB; demand / bandwidth = {demand / bw:.3f} s." if bw else "- no bandwidth",
              f"- Floor = max(warm restore median {med['warm']:.3f} s, demand / bandwidth) = {floor:.3f} s, "
              "the same for every row: warming unneeded data does not raise it.",
              "- `read by us` = /proc/self/io read_bytes of the benchmark process and its reaped children (criu, "
-             "the restored server); `device` = the disk's diskstats delta, other processes on this shared host "
+             "the restored server) until the server is stopped (after first token: with a profile the warmer "
+             "reads the rest of the snapshot then); `device` = the disk's diskstats delta, other processes on this shared host "
              "included.", "",
              "- `host CPU s` = CPU-seconds the whole host (2 cores) was busy from the start of the restore "
              "to first token, kernel work included.", "",

@@ -149,7 +149,7 @@ class ProfileRecorder:
 
     def __init__(self, paths: list[Path] | list[str], *, root: Path | None = None, interval: float = 0.02,
                  warmer=None, pids: list[int] | None = None, snapshot_id: str = "",
-                 use_pagemap: bool = True, track_mapped: bool = False):
+                 use_pagemap: bool = True, track_mapped: bool = False, trim: bool = True):
         self.paths = [p for p in expand_paths(list(paths)) if p.is_file()]
         self.root = Path(root).absolute() if root else Path(os.path.commonpath([str(p.parent) for p in self.paths])) if self.paths else Path.cwd()
         self.interval = interval
@@ -158,9 +158,12 @@ class ProfileRecorder:
         self.snapshot_id = snapshot_id
         self.use_pagemap = use_pagemap
         self.track_mapped = track_mapped and use_pagemap
+        self.trim = trim and use_pagemap
         self.mapped: set[Path] = set()  # files outside the snapshot the restored tree maps (track_mapped)
         self._not_mapped: set[str] = set()  # paths looked at and refused (not regular, vanished)
         self._mapped_by_name: dict[str, Path] = {}
+        self._touched: dict[Path, np.ndarray] = {}  # snapshot pages present in the tree's page tables
+        self._vma_cover: dict[Path, np.ndarray] = {}  # snapshot pages inside the tree's mappings
         self.sizes: dict[Path, int] = {}
         self.inodes: dict[tuple[int, int], Path] = {}
         for p in self.paths:
@@ -304,6 +307,10 @@ class ProfileRecorder:
                     k = min(len(ent), total - first)
                     mask = out.setdefault(path, np.zeros(total, dtype=bool))
                     mask[first:first + k] |= present[:k].astype(bool)
+                    if path not in self.mapped:
+                        self._vma_cover.setdefault(path, np.zeros(total, dtype=bool))[first:first + k] = True
+                        self._touched.setdefault(path, np.zeros(total, dtype=bool))[first:first + k] |= \
+                            present[:k].astype(bool)
             finally:
                 os.close(fd)
         return out
@@ -389,20 +396,43 @@ class ProfileRecorder:
         self._thread.start()
         return self
 
+    def _trim(self, ranges: list[ProfileRange]) -> tuple[list[ProfileRange], int]:
+        """Drop the page-cache ranges of a snapshot file that lie inside the restored tree's mappings
+        of it but were never present in its page tables: the kernel's read-around of a page fault
+        (up to read_ahead_kb, 8 MiB here, per fault) read them, nothing used them. What CRIU copied
+        (outside the mappings) and what the processes touched stay."""
+        out: list[ProfileRange] = []
+        dropped = 0
+        by_name = {self._name(p): p for p in self._vma_cover}
+        for r in ranges:
+            p = by_name.get(r.file)
+            if r.source != "pagecache" or p is None:
+                out.append(r)
+                continue
+            a, b = r.offset // PAGE, (r.offset + r.length + PAGE - 1) // PAGE
+            keep = ~self._vma_cover[p][a:b] | self._touched[p][a:b]
+            dropped += int((~keep).sum()) * PAGE
+            for x, y in _runs(keep):
+                off = (a + x) * PAGE
+                out.append(ProfileRange(file=r.file, offset=off, length=min((a + y) * PAGE, self.sizes[p]) - off,
+                                        t=r.t, source=r.source))
+        return out, dropped
+
     def stop(self) -> Profile:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
         self._sample(final=True)
+        ranges, trimmed = self._trim(self._ranges) if self.trim else (list(self._ranges), 0)
         return Profile(
             snapshot_id=self.snapshot_id,
             created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             files={self._name(p): s for p, s in self.sizes.items()},
-            ranges=list(self._ranges),
+            ranges=ranges,
             meta={"interval_s": self.interval, "samples": self._samples, "baseline_resident_bytes": self._baseline,
                   "seconds": round(time.monotonic() - self._t0, 3), "signals": ["pagemap", "pagecache"]
                   if self.use_pagemap else ["pagecache"], "page_size": PAGE,
-                  "mapped_files": len(self.mapped),
+                  "mapped_files": len(self.mapped), "readaround_trimmed_bytes": trimmed,
                   "mapped_bytes": sum(r.length for r in self._ranges if os.path.isabs(r.file))},
         )
 
