@@ -520,6 +520,7 @@ def test_mapped_files_recorded_then_only_their_ranges_warmed(warm_dir, tmp_path,
     snap, pages, lib = _mapped_snapshot(warm_dir, tmp_path)
     (snap / PROFILE_NAME).unlink(missing_ok=True)
     lib_off = 64 * MiB
+    _evict_all([pages, lib])  # cold: the faults read (with the kernel's read-around) from the disk
     w = start_warming([pages], mode="none")  # no profile: records one (mapped files included)
     p = subprocess.Popen([sys.executable, "-c", _MAPPER, str(pages), str(lib), str(lib_off)],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -538,6 +539,9 @@ def test_mapped_files_recorded_then_only_their_ranges_warmed(warm_dir, tmp_path,
     assert any(r.offset <= lib_off < r.offset + r.length for r in lib_ranges)
     assert sum(r.length for r in lib_ranges) <= 8 * MiB  # what was touched, not the file
     assert prof.meta["mapped_files"] >= 1
+    # the fault read-around the process never touched is not in the profile: only ~its first MiB
+    snap_bytes = sum(r.length for r in prof.ranges if r.file == "criu/pages-1.img")
+    assert 0 < snap_bytes <= 2 * MiB, (snap_bytes, prof.meta)
 
     # the next warm follows it: the library's recorded range is read, the rest of it is not
     _evict_all([pages, lib])
