@@ -248,6 +248,17 @@ class ColdstartRPCMixin:
         return {"tensors": len(tensors), "bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
                 "seconds": round(time.perf_counter() - t0, 6), "index": _as_dict(index, shallow=True)}
 
+    def coldstart_xstate(self, restore: Any = None) -> dict:
+        """This worker's x86 xstate permissions (AMX); with ``restore`` (the mask recorded before a
+        checkpoint) first ask again for the features a CRIU restore dropped (coldstart.engine.xstate)."""
+        from coldstart.engine import xstate
+
+        restore = decode_arg(restore)
+        asked = xstate.restore_xcomp_perm(int(restore)) if restore is not None else []
+        if asked:
+            log.info("coldstart: asked again for xstate features %s lost by the restore", asked)
+        return {"perm": xstate.xcomp_perm(), "asked": asked}
+
     def coldstart_rss(self) -> int:
         """Resident bytes of this worker process."""
         return rss_bytes()

@@ -173,6 +173,8 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
             if not client.is_sleeping():
                 raise ColdstartError("the engine did not go to sleep (level 2)")
             tl.mark(EventName.ASLEEP, level=2)
+        # the worker's AMX permission: CRIU does not restore it, the restore asks for it again
+        xcomp_perm = (client.collective_rpc("coldstart_xstate") or [{}])[0].get("perm")
         client._s.close()  # no established connection to us may end up in the image
         time.sleep(0.3)
 
@@ -214,6 +216,7 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
             engine_args=list(opts.engine_args), host=host.to_dict(), canary=canary, files=files,
             port=opts.port, host_addr=spec.host, run_dir=str(spec.run_dir), criu_variant=opts.criu_variant,
             device=device, asleep=sleep, pids=pids, weights=weights, shm_files=[p.name for p in shm_files], log_sizes=log_sizes,
+            xcomp_perm=xcomp_perm,
             created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         )
         m.timings = {e.name: e.t for e in tl.events}

@@ -325,6 +325,11 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) -
                 raise RestoreFailed(f"the restored server did not answer /health within {opts.timeout:.0f} s")
             time.sleep(0.02)
         tl.mark(EventName.SERVER_UP)
+        if m.xcomp_perm:  # before any forward pass: CRIU dropped the worker's AMX permission
+            res = client.collective_rpc("coldstart_xstate", kwargs={"restore": m.xcomp_perm})
+            asked = (res or [{}])[0].get("asked")
+            if asked:
+                say(f"xstate: asked again for features {asked} (AMX) that the CRIU restore dropped")
         if m.asleep or m.weights:
             from coldstart.pipeline.checkpoint import reload_weights
 

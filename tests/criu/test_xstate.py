@@ -1,0 +1,92 @@
+"""x86 dynamic xstate permission (Intel AMX) across a real CRIU dump + restore.
+
+CRIU 4.2.1 does not carry the ARCH_REQ_XCOMP_PERM permission over a restore; a restored process
+that then runs AMX code dies of SIGILL (what broke vLLM restores on AMX hosts). These tests pin the
+mechanism the engine's workers use to get it back (coldstart.engine.xstate).
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from coldstart.criu.dump import DumpOptions, dump
+from coldstart.criu.restore import restore
+from coldstart.engine import xstate
+
+from .conftest import ropts, wait_until
+
+XTILEDATA = 18
+
+
+def _has_amx() -> bool:
+    try:
+        return "amx_tile" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+def test_missing_is_the_lost_dynamic_features_only():
+    assert xstate.missing(0x600E7, now=0x200E7) == [XTILEDATA]
+    assert xstate.missing(0x600E7, now=0x600E7) == []
+    assert xstate.missing(0x2E7, now=0x0E7) == []  # static features are never asked for
+    assert xstate.missing(None) == [] and xstate.restore_xcomp_perm(None) == []
+
+
+def test_this_process_reports_its_permissions():
+    perm = xstate.xcomp_perm()
+    if perm is None:
+        pytest.skip("no ARCH_GET_XCOMP_PERM here (not x86_64 Linux >= 5.16)")
+    assert perm & 0b11 == 0b11  # x87 and SSE are always permitted
+
+
+PROG = r"""
+import sys, time
+from pathlib import Path
+from coldstart.engine import xstate
+out = Path(sys.argv[1])
+import ctypes
+ctypes.CDLL(None).syscall(xstate.SYS_ARCH_PRCTL, xstate.ARCH_REQ_XCOMP_PERM, 18)
+recorded = xstate.xcomp_perm()
+fixed = False
+while True:
+    if not fixed and (out.parent / "fix").exists():
+        xstate.restore_xcomp_perm(recorded)
+        fixed = True
+    out.write_text(f"{recorded} {xstate.xcomp_perm()} {int(fixed)}")
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.skipif(not _has_amx(), reason="this CPU has no AMX (no dynamic xstate feature to lose)")
+def test_amx_permission_asked_again_after_a_real_restore(tmp_path, has_mmap):
+    state = tmp_path / "state"
+    p = subprocess.Popen([sys.executable, "-c", PROG, str(state)], stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        assert wait_until(lambda: state.exists() and state.read_text().count(" ") == 2, 30)
+        recorded = int(state.read_text().split()[0])
+        assert recorded >> XTILEDATA & 1, "the program could not get the AMX permission"
+        dump(p.pid, tmp_path / "images", DumpOptions(variant="stock"))
+        p.wait(30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    state.unlink()
+    r = restore(tmp_path / "images", ropts("mmap" if has_mmap else "stock", work_dir=tmp_path / "work"))
+    try:
+        assert wait_until(lambda: state.exists() and state.read_text().count(" ") == 2, 30)
+        rec, now, fixed = (int(x) for x in state.read_text().split())
+        assert rec == recorded and not fixed
+        # what CRIU 4.2.1 does: the restored process has lost the permission (if a future criu keeps
+        # it, the worker's re-request simply asks for nothing)
+        lost = not now >> XTILEDATA & 1
+        print(f"criu dropped the AMX permission: {lost}")
+        (tmp_path / "fix").touch()
+        assert wait_until(lambda: state.read_text().endswith(" 1"), 30)
+        rec, now, fixed = (int(x) for x in state.read_text().split())
+        assert now >> XTILEDATA & 1, f"permission not back after restore_xcomp_perm (lost by criu: {lost})"
+    finally:
+        r.kill()
