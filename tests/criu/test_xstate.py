@@ -60,33 +60,56 @@ while True:
 """
 
 
-@pytest.mark.skipif(not _has_amx(), reason="this CPU has no AMX (no dynamic xstate feature to lose)")
-def test_amx_permission_asked_again_after_a_real_restore(tmp_path, has_mmap):
-    state = tmp_path / "state"
+def _start(state: Path) -> tuple[subprocess.Popen, int]:
     p = subprocess.Popen([sys.executable, "-c", PROG, str(state)], stdin=subprocess.DEVNULL,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    assert wait_until(lambda: state.exists() and state.read_text().count(" ") == 2, 30)
+    recorded = int(state.read_text().split()[0])
+    assert recorded >> XTILEDATA & 1, "the program could not get the AMX permission"
+    return p, recorded
+
+
+def _dump_and_restore(tmp_path: Path, state: Path, variant: str, has_mmap: bool):
+    p, recorded = _start(state)
     try:
-        assert wait_until(lambda: state.exists() and state.read_text().count(" ") == 2, 30)
-        recorded = int(state.read_text().split()[0])
-        assert recorded >> XTILEDATA & 1, "the program could not get the AMX permission"
-        dump(p.pid, tmp_path / "images", DumpOptions(variant="stock"))
+        dump(p.pid, tmp_path / "images", DumpOptions(variant=variant))
         p.wait(30)
     finally:
         if p.poll() is None:
             p.kill()
     state.unlink()
-    r = restore(tmp_path / "images", ropts("mmap" if has_mmap else "stock", work_dir=tmp_path / "work"))
+    mode = "mmap" if variant == "patched" and has_mmap else "stock"
+    r = restore(tmp_path / "images", ropts(mode, work_dir=tmp_path / "work"))
+    assert wait_until(lambda: state.exists() and state.read_text().count(" ") == 2, 30)
+    return r, recorded
+
+
+@pytest.mark.skipif(not _has_amx(), reason="this CPU has no AMX (no dynamic xstate feature to lose)")
+def test_stock_criu_drops_the_amx_permission_and_the_process_gets_it_back(tmp_path, has_mmap):
+    """Stock CRIU 4.2.1: the restored process has lost XTILEDATA; restore_xcomp_perm (what our
+    workers run at restore) asks for it again."""
+    state = tmp_path / "state"
+    r, recorded = _dump_and_restore(tmp_path, state, "stock", has_mmap)
     try:
-        assert wait_until(lambda: state.exists() and state.read_text().count(" ") == 2, 30)
         rec, now, fixed = (int(x) for x in state.read_text().split())
         assert rec == recorded and not fixed
-        # what CRIU 4.2.1 does: the restored process has lost the permission (if a future criu keeps
-        # it, the worker's re-request simply asks for nothing)
-        lost = not now >> XTILEDATA & 1
-        print(f"criu dropped the AMX permission: {lost}")
+        assert not now >> XTILEDATA & 1, "stock criu kept the AMX permission: this test's premise changed"
         (tmp_path / "fix").touch()
         assert wait_until(lambda: state.read_text().endswith(" 1"), 30)
         rec, now, fixed = (int(x) for x in state.read_text().split())
-        assert now >> XTILEDATA & 1, f"permission not back after restore_xcomp_perm (lost by criu: {lost})"
+        assert now >> XTILEDATA & 1, "permission not back after restore_xcomp_perm"
+    finally:
+        r.kill()
+
+
+@pytest.mark.skipif(not _has_amx(), reason="this CPU has no AMX (no dynamic xstate feature to lose)")
+def test_patched_criu_keeps_the_amx_permission(tmp_path, has_mmap):
+    """Our patch 0008: the dump saves the permission mask, the restorer asks for it again."""
+    state = tmp_path / "state"
+    r, recorded = _dump_and_restore(tmp_path, state, "patched", has_mmap)
+    try:
+        rec, now, fixed = (int(x) for x in state.read_text().split())
+        assert rec == recorded and not fixed
+        assert now == recorded, f"xstate permission {now:#x} after restore, {recorded:#x} before"
     finally:
         r.kill()
