@@ -110,16 +110,18 @@ def bench_reload(
                     c.wake_up(["weights"])
                     if cache == "cold" and method == METHODS[0]:
                         # the device's own limit, in the same run, while no process maps the flat file
-                        # (sleep level 2 unmapped it; a mapped page cannot be evicted): fio, 4 jobs x
-                        # 16 MiB buffered reads, near the best of `coldstart bench load`'s grid
-                        _evict(flat_files)
-                        resident = resident_fraction(flat_files)
-                        nb, secs = fio_run(flat_files[0], 0, 4, 16 << 20)
-                        row = {"bench": "reload", "model": size, "method": "device", "cache": "cold", "rep": rep,
-                               "resident_before": round(resident, 4), "seconds": round(secs, 6), "bytes": nb,
-                               "detail": {"fio": "buffered, 4 jobs, 16 MiB reads"}}
-                        rows.append(row)
-                        print(json.dumps(row), file=sys.stderr, flush=True)
+                        # (sleep level 2 unmapped it; a mapped page cannot be evicted): the faster of the
+                        # two fio shapes that won `coldstart bench load`'s grid on our two hosts
+                        for direct, bs, what in ((0, 16 << 20, "buffered, 4 jobs, 16 MiB reads"),
+                                                 (1, 1 << 20, "O_DIRECT, 4 jobs, 1 MiB reads")):
+                            _evict(flat_files)
+                            resident = resident_fraction(flat_files)
+                            nb, secs = fio_run(flat_files[0], direct, 4, bs)
+                            row = {"bench": "reload", "model": size, "method": "device", "cache": "cold",
+                                   "rep": rep, "resident_before": round(resident, 4), "seconds": round(secs, 6),
+                                   "bytes": nb, "detail": {"fio": what}}
+                            rows.append(row)
+                            print(json.dumps(row), file=sys.stderr, flush=True)
                     if cache == "cold":
                         _evict(files)
                     else:
@@ -171,16 +173,21 @@ def bench_reload(
                      f"{med['stock'] / med['copy']:.2f}× | {med['stock'] / med['map']:.2f}× | "
                      f"{b['stock'] / med['stock']:.2f} | {b['map'] / med['map']:.2f} | "
                      f"{cs['stock']:.3f} / {cs['map']:.3f} | {n} | {oks} |")
-    dev = [r["bytes"] / 2**30 / r["seconds"] for r in rows if r["method"] == "device" and r["seconds"] > 0]
+    per_round: dict[int, float] = {}  # the faster fio shape of each round
+    for r in rows:
+        if r["method"] == "device" and r["seconds"] > 0:
+            per_round[r["rep"]] = max(per_round.get(r["rep"], 0.0), r["bytes"] / 2**30 / r["seconds"])
+    dev = list(per_round.values())
     cold_stock = [r for r in rows if r["cache"] == "cold" and r["method"] == "stock"]
     if dev and cold_stock:
         need = 3 * cold_stock[0]["bytes"] / 2**30 / statistics.median([r["seconds"] for r in cold_stock])
         cold_map = [r["bytes"] / 2**30 / r["seconds"] for r in rows if r["cache"] == "cold" and r["method"] == "map"]
-        lines += ["", f"Device limit, same run (fio on the flat file, page cache dropped, 4 jobs x 16 MiB buffered "
-                      f"reads, once per round): median {statistics.median(dev):.2f} GiB/s (min {min(dev):.2f}, "
-                      f"max {max(dev):.2f}). A 3× cold reload would have to read at {need:.2f} GiB/s; "
-                      f"the map reload read at {statistics.median(cold_map):.2f} GiB/s "
-                      f"= {statistics.median(cold_map) / statistics.median(dev):.2f}× the device."]
+        lines += ["", f"Device limit, same run (fio on the flat file, page cache dropped, once per round: the faster "
+                      f"of 4 jobs x 16 MiB buffered and 4 jobs x 1 MiB O_DIRECT reads): median "
+                      f"{statistics.median(dev):.2f} GiB/s (min {min(dev):.2f}, max {max(dev):.2f}). A 3× cold reload "
+                      f"would have to read at {need:.2f} GiB/s; the map reload read at "
+                      f"{statistics.median(cold_map):.2f} GiB/s = {statistics.median(cold_map) / statistics.median(dev):.2f}× "
+                      f"that median."]
     res_cold = [r["resident_before"] for r in rows if r["cache"] == "cold" and "resident_before" in r]
     res_warm = [r["resident_before"] for r in rows if r["cache"] == "warm" and "resident_before" in r]
     if res_cold and res_warm:
