@@ -35,6 +35,13 @@ def test_missing_is_the_lost_dynamic_features_only():
     assert xstate.missing(None) == [] and xstate.restore_xcomp_perm(None) == []
 
 
+def test_a_feature_the_cpu_cannot_grant_is_a_named_error():
+    if xstate.xcomp_perm() is None:
+        pytest.skip("no ARCH_GET_XCOMP_PERM here (not x86_64 Linux >= 5.16)")
+    with pytest.raises(OSError, match=r"ARCH_REQ_XCOMP_PERM, 40\) refused"):
+        xstate.restore_xcomp_perm(xstate.xcomp_perm() | 1 << 40)
+
+
 def test_this_process_reports_its_permissions():
     perm = xstate.xcomp_perm()
     if perm is None:

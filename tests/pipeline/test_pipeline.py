@@ -151,3 +151,19 @@ def test_fallback_canary_mismatch_swapped_weights(snapshot, snapshot_copy):
             f.write(da)
     reason = _fallback(snap, m)
     assert "canary" in reason
+
+
+def test_fallback_when_the_worker_cannot_get_its_xstate_permission_back(snapshot, snapshot_copy):
+    """A manifest asking for an xstate feature this CPU cannot grant (bit 40): the worker's request
+    is refused, the restore says so in one line and cold-boots."""
+    from coldstart.engine import xstate
+
+    if xstate.xcomp_perm() is None:
+        pytest.skip("no ARCH_GET_XCOMP_PERM here (not x86_64 Linux >= 5.16)")
+    _, m = snapshot
+    snap = snapshot_copy()
+    d = json.loads((snap / "manifest.json").read_text())
+    d["xcomp_perm"] = (d.get("xcomp_perm") or 0b11) | (1 << 40)
+    (snap / "manifest.json").write_text(json.dumps(d))
+    reason = _fallback(snap, m)
+    assert "AMX permission" in reason and "ARCH_REQ_XCOMP_PERM" in reason

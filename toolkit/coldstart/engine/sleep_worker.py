@@ -254,7 +254,10 @@ class ColdstartRPCMixin:
         from coldstart.engine import xstate
 
         restore = decode_arg(restore)
-        asked = xstate.restore_xcomp_perm(int(restore)) if restore is not None else []
+        try:
+            asked = xstate.restore_xcomp_perm(int(restore)) if restore is not None else []
+        except OSError as e:  # returned, not raised: an exception in a collective_rpc kills the engine
+            return {"perm": xstate.xcomp_perm(), "asked": [], "error": str(e)}
         if asked:
             log.info("coldstart: asked again for xstate features %s lost by the restore", asked)
         return {"perm": xstate.xcomp_perm(), "asked": asked}

@@ -326,8 +326,10 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) -
             time.sleep(0.02)
         tl.mark(EventName.SERVER_UP)
         if m.xcomp_perm:  # before any forward pass: CRIU dropped the worker's AMX permission
-            res = client.collective_rpc("coldstart_xstate", kwargs={"restore": m.xcomp_perm})
-            asked = (res or [{}])[0].get("asked")
+            res = (client.collective_rpc("coldstart_xstate", kwargs={"restore": m.xcomp_perm}) or [{}])[0]
+            if res.get("error"):
+                raise RestoreFailed(f"the restored worker cannot get its AMX permission back: {res['error']}")
+            asked = res.get("asked")
             if asked:
                 say(f"xstate: asked again for features {asked} (AMX) that the CRIU restore dropped")
         if m.asleep or m.weights:
