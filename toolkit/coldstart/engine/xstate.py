@@ -5,8 +5,10 @@ XFEATURE_XTILEDATA)``) before it may execute AMX tile instructions; torch/oneDNN
 CPUs that have AMX (Sapphire Rapids and later, the usual host CPU of a GPU server). The permission is
 kernel state of the process that CRIU 4.2.1 neither dumps nor restores: a restored process has lost
 it, and its first bf16 matmul through AMX dies with SIGILL (measured here: the worker "died
-unexpectedly" at the first forward pass after restore). The worker records its permissions before it
-is checkpointed (at sleep) and asks for whatever is missing again when it wakes up.
+unexpectedly" at the first forward pass after restore). Our criu patch 0008 carries it over for
+every process; for snapshots dumped without it, the checkpoint records the worker's mask (RPC
+``coldstart_xstate``, ``manifest.xcomp_perm``) and the restore has the worker ask for whatever is
+missing before its first forward pass.
 
 Linux only; every function returns quietly where the syscall does not exist (other architectures,
 kernels before 5.16).

@@ -173,7 +173,7 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
             if not client.is_sleeping():
                 raise ColdstartError("the engine did not go to sleep (level 2)")
             tl.mark(EventName.ASLEEP, level=2)
-        # the worker's AMX permission: CRIU does not restore it, the restore asks for it again
+        # the worker's AMX permission: stock CRIU does not restore it, so the restore can ask again
         xcomp_perm = (client.collective_rpc("coldstart_xstate") or [{}])[0].get("perm")
         client._s.close()  # no established connection to us may end up in the image
         time.sleep(0.3)

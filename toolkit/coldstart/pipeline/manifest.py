@@ -66,7 +66,7 @@ class Manifest:
     weights: dict[str, Any] = field(default_factory=dict)  # {"flat": rel, "index": rel, "bytes": n}
     shm_files: list[str] = field(default_factory=list)  # /dev/shm names saved under shm/
     log_sizes: dict[str, int] = field(default_factory=dict)  # absolute path -> size at dump
-    # the worker's x86 xstate permission mask at dump (AMX: CRIU does not restore it; None = unknown)
+    # the worker's x86 xstate permission mask at dump (AMX: stock CRIU drops it; None = unknown)
     xcomp_perm: int | None = None
     timings: dict[str, float] = field(default_factory=dict)
     created_at: str = ""

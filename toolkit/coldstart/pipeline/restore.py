@@ -325,7 +325,7 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) -
                 raise RestoreFailed(f"the restored server did not answer /health within {opts.timeout:.0f} s")
             time.sleep(0.02)
         tl.mark(EventName.SERVER_UP)
-        if m.xcomp_perm:  # before any forward pass: CRIU dropped the worker's AMX permission
+        if m.xcomp_perm:  # before any forward pass: a criu without our patch 0008 drops the AMX permission
             res = (client.collective_rpc("coldstart_xstate", kwargs={"restore": m.xcomp_perm}) or [{}])[0]
             if res.get("error"):
                 raise RestoreFailed(f"the restored worker cannot get its AMX permission back: {res['error']}")
