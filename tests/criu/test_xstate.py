@@ -1,8 +1,9 @@
 """x86 dynamic xstate permission (Intel AMX) across a real CRIU dump + restore.
 
 CRIU 4.2.1 does not carry the ARCH_REQ_XCOMP_PERM permission over a restore; a restored process
-that then runs AMX code dies of SIGILL (what broke vLLM restores on AMX hosts). These tests pin the
-mechanism the engine's workers use to get it back (coldstart.engine.xstate).
+that then runs AMX code dies of SIGILL (what broke vLLM restores on AMX hosts). These tests pin our
+criu patch 0008 (the permission kept) and the request the engine's workers make for snapshots
+dumped without it (coldstart.engine.xstate).
 """
 from __future__ import annotations
 
