@@ -86,13 +86,60 @@ def test_roundtrip_bit_exact(flat, src, mode, verify, o_direct, layout, monkeypa
     dest = _fresh(src)
     seen: list[tuple[int, int]] = []
     stats = load_into(flat, dest, threads=3, chunk_bytes=64 * KIB, buffers=2, verify=verify, direct=o_direct, mode=mode,
-                      layout=layout, prefetch_bytes=128 * KIB if layout == "ranges" else 0,
+                      layout=layout, prefetch_bytes=128 * KIB if layout == "ranges" else 0, read_bytes=20 * KIB,
                       progress=lambda done, total: seen.append((done, total)))
     assert max(seen) == (stats.bytes, stats.bytes)
     for k, v in src.items():
         assert dest[k].dtype == v.dtype and _raw(dest[k]) == _raw(v), k
     assert stats.bytes == sum(v.numel() * v.element_size() for v in src.values())
     assert stats.mode == mode and stats.tensors == len(src) and stats.gib_per_s > 0
+
+
+def _page_aligned_like(src):
+    """Destinations at page-aligned addresses (like the engine's weight arena), so O_DIRECT reads
+    go straight into them instead of through the bounce buffer."""
+    import mmap
+
+    sizes = [max(v.numel() * v.element_size(), 1) for v in src.values()]
+    arena = mmap.mmap(-1, sum(-(-n // 4096) * 4096 for n in sizes))
+    out, pos = {}, 0
+    for (k, v), n in zip(src.items(), sizes):
+        t = torch.frombuffer(arena, dtype=torch.uint8, count=n, offset=pos) if v.numel() else torch.empty(0)
+        out[k] = t[: v.numel() * v.element_size()].view(v.dtype).view(v.shape)
+        assert not v.numel() or out[k].data_ptr() % 4096 == 0
+        pos += -(-n // 4096) * 4096
+    return out, arena
+
+
+@pytest.mark.parametrize("read_kb", [0, 3, 16])
+def test_o_direct_into_aligned_tensors_in_steps(flat, src, read_kb):
+    """O_DIRECT straight into page-aligned tensors, in reads of ``read_bytes`` (rounded up to a block)."""
+    dest, _arena = _page_aligned_like(src)
+    stats = load_into(flat, dest, threads=2, chunk_bytes=64 * KIB, direct=True, verify=True, read_bytes=read_kb * KIB)
+    assert stats.o_direct
+    for k, v in src.items():
+        assert _raw(dest[k]) == _raw(v), k
+
+
+def test_auto_o_direct_follows_the_page_cache(tmp_path, src):
+    """direct=None: a cold data file is read with O_DIRECT, a cached one through the page cache."""
+    from coldstart.warm.residency import evict
+
+    out = tmp_path / "auto"
+    dump_tensors(src.items(), out, chunk_bytes=DIGEST_CHUNK)
+    data = out / DATA_NAME
+    evict(data)
+    dest = _fresh(src)
+    cold = load_into(out, dest, chunk_bytes=64 * KIB, verify=True)
+    assert cold.o_direct and cold.direct_choice == "auto: 0% cached -> O_DIRECT", cold.direct_choice
+    assert all(_raw(dest[k]) == _raw(v) for k, v in src.items())
+    data.read_bytes()  # O_DIRECT left the cache empty: fill it
+    dest = _fresh(src)
+    warm = load_into(out, dest, chunk_bytes=64 * KIB)
+    assert not warm.o_direct and warm.direct_choice == "auto: 100% cached -> buffered", warm.direct_choice
+    assert all(_raw(dest[k]) == _raw(v) for k, v in src.items())
+    forced = load_into(out, _fresh(src), chunk_bytes=64 * KIB, direct=False)
+    assert not forced.o_direct and forced.direct_choice == ""
 
 
 def test_small_alignment_falls_back_to_buffered(tmp_path, src):

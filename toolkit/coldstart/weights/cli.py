@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -48,7 +49,9 @@ def load_command(
     fadvise: str = typer.Option("sequential", "--fadvise", help="hint on each reader's fd: sequential | none"),
     buffers: int = typer.Option(4, "--buffers", help="host buffers (staged mode)"),
     verify: bool = typer.Option(False, "--verify", help="check every chunk digest while loading"),
-    direct: bool = typer.Option(False, "--direct", help="O_DIRECT reads (bypass the page cache)"),
+    direct: Optional[bool] = typer.Option(
+        None, "--direct/--buffered",
+        help="O_DIRECT reads (bypass the page cache) or page-cache reads; default: O_DIRECT when under 10% of the file is cached"),
     mode: str = typer.Option("auto", "--mode", help="auto | direct (preadv into the tensors) | staged (via host buffers)"),
     device: str = typer.Option("cpu", "--device", help="where to allocate the destination tensors (cpu, cuda)"),
     json_out: bool = typer.Option(False, "--json", help="print the stats as JSON instead of a table"),
@@ -80,6 +83,7 @@ def load_command(
         ("tensors", str(stats.tensors)), ("bytes", f"{stats.bytes / 2**30:.3f} GiB"),
         ("seconds", f"{stats.seconds:.3f}"), ("throughput", f"{stats.gib_per_s:.2f} GiB/s"),
         ("mode", stats.mode + (" + O_DIRECT" if stats.o_direct else "") + (" + verify" if stats.verify else "")),
+        ("O_DIRECT choice", stats.direct_choice or "set by --direct/--buffered"),
         ("threads / chunk / buffers", f"{stats.threads} / {stats.chunk_bytes >> 20} MiB / {stats.buffers or '-'}"),
         ("layout / cold reads / hint", f"{stats.layout} / {stats.read_bytes >> 10 or '-'} KiB / {stats.fadvise or '-'}"),
         *((f"phase {k}", f"{v:.3f} s") for k, v in stats.phases.items()),
