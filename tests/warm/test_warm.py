@@ -647,3 +647,22 @@ def test_real_restore_records_mapped_libraries_then_next_restore_warms_them(tiny
             res.stop()
     assert any(gone in r.getMessage() and "skipped" in r.getMessage() for r in caplog.records), \
         [r.getMessage() for r in caplog.records]
+
+
+def test_sampled_residency_tracks_the_page_cache(tmp_path):
+    """The loader's cheap residency estimate: evicted -> 0, read -> 1, first half read -> about 1/2."""
+    from coldstart.warm.residency import sampled_resident_fraction
+
+    f = _write(tmp_path / "sampled.bin", 8 << 20)
+    evict(f)
+    assert sampled_resident_fraction(f) == 0.0
+    f.read_bytes()
+    assert sampled_resident_fraction(f) == 1.0
+    evict(f)
+    with open(f, "rb") as fh:
+        os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_RANDOM)  # no readahead past the half
+        fh.read(4 << 20)
+    assert 0.45 <= sampled_resident_fraction(f, samples=64) <= 0.55
+    empty = tmp_path / "empty.bin"
+    empty.write_bytes(b"")
+    assert sampled_resident_fraction(empty) == 1.0

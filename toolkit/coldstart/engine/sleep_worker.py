@@ -12,7 +12,9 @@ pages are not in the image.
 Reload modes (``coldstart_reload(mode=...)``; default ``$COLDSTART_RELOAD_MODE`` or ``auto``):
 ``map`` maps the flat file over the weight arena (coldstart.engine.arena: the weights were moved at
 load time into one anonymous mapping laid out exactly like the flat file) and populates it: no
-zero-fill faults, no copy; ``copy`` reads the file into the tensors through our parallel loader;
+zero-fill faults, no copy; ``copy`` reads the file into the tensors through our parallel loader
+(O_DIRECT when the file is cold: buffered cold copies ran 3x slower inside the worker, see
+docs/engine.md);
 ``auto`` maps when the arena exists and the file's index matches its layout, else copies (and says
 why in the result). Set ``COLDSTART_WEIGHT_ARENA=0`` to keep vLLM's own allocation (copy only).
 
@@ -158,7 +160,7 @@ class ColdstartRPCMixin:
 
     @torch.inference_mode()
     def coldstart_reload(self, path: str | None = None, threads: Any = 8, verify: Any = False,
-                         direct: Any = False, chunk_bytes: Any = None, buffers: Any = None,
+                         direct: Any = None, chunk_bytes: Any = None, buffers: Any = None,
                          mode: Any = None, populate_threads: Any = 4) -> dict:
         """Refill every parameter and buffer from a flat dump (``mode``: map | copy | auto, see the
         module docstring); returns the stats. ``path`` defaults to the flat dir found for the served
@@ -196,8 +198,9 @@ class ColdstartRPCMixin:
                 log.warning("coldstart reload: map mode refused: %s", refused)
                 return {"mode": "map", "error": f"map reload refused: {refused}", "flat": str(flat)}
             log.warning("coldstart reload: map mode refused (%s); copying instead", refused)
+        direct = decode_arg(direct)  # None: the loader's choice (O_DIRECT when the file is cold)
         kw: dict[str, Any] = {"threads": int(decode_arg(threads)), "verify": bool(decode_arg(verify)),
-                              "direct": bool(decode_arg(direct))}
+                              "direct": None if direct is None else bool(direct)}
         if chunk_bytes is not None:
             kw["chunk_bytes"] = int(decode_arg(chunk_bytes))
         if buffers is not None:
