@@ -30,3 +30,31 @@ def fsync_tree(root: Path) -> None:
             finally:
                 os.close(fd)
         fsync_dir(Path(dirpath))
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` all at once: a temporary file beside it, fsynced, renamed over
+    it, the directory fsynced. A killed writer leaves the old file (and at most a hidden temp file)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def write_results(out_dir: Path, rows: list[dict], table: str, command: str) -> None:
+    """A benchmark's raw.jsonl, table.md and COMMAND, each replaced atomically (other files in
+    ``out_dir``, e.g. earlier runs kept beside the current one, are left alone)."""
+    import json
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(out_dir / "raw.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    write_atomic(out_dir / "table.md", table)
+    write_atomic(out_dir / "COMMAND", command.rstrip("\n") + "\n")

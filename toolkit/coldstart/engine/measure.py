@@ -20,13 +20,9 @@ PROMPT = "the model loads weights from disk and"
 
 
 def _write(out: Path, rows: list[dict], table: str, argv: list[str]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "raw.jsonl", "w") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
-    (out / "table.md").write_text(table)
-    (out / "COMMAND").write_text("cd /work/main && .venv/bin/python -m coldstart.engine.measure "
-                                 + " ".join(argv) + "\n")
+    from coldstart.fsutil import write_results
+
+    write_results(out, rows, table, "cd /work/main && .venv/bin/python -m coldstart.engine.measure " + " ".join(argv))
 
 
 def measure_sleep(model: Path, reps: int, kv_mb: int) -> list[dict]:

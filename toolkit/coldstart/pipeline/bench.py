@@ -51,12 +51,9 @@ def _read(paths) -> None:
 
 
 def _write(out_dir: Path, rows: list[dict], table: str, argv: list[str]) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / "raw.jsonl", "w") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
-    (out_dir / "table.md").write_text(table)
-    (out_dir / "COMMAND").write_text(" ".join(shlex.quote(a) for a in argv) + "\n")
+    from coldstart.fsutil import write_results
+
+    write_results(out_dir, rows, table, " ".join(shlex.quote(a) for a in argv))
 
 
 def _host_line() -> str:
@@ -144,7 +141,8 @@ def bench_reload(
                            "seconds": worker_s if worker_s is not None else wall, "wall_seconds": round(wall, 6),
                            "bytes": nbytes[method], "canary_ok": ok, "canary_s": round(canary_s, 6),
                            "detail": {k: v for k, v in r0.items() if k in (
-                               "mode", "map_s", "populate_s", "copied_tensors", "threads", "read_s")}}
+                               "mode", "map_s", "populate_s", "copied_tensors", "threads", "read_s", "o_direct",
+                               "direct_choice")}}
                     rows.append(row)
                     print(json.dumps(row), file=sys.stderr, flush=True)
     finally:
