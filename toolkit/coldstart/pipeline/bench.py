@@ -66,7 +66,66 @@ def _host_line() -> str:
             "stages' builds and servers ran meanwhile). CPU-measured; unverified on GPU.")
 
 
-METHODS = ("stock", "copy", "map")
+METHODS = ("stock", "copy", "map", "auto")  # auto: what `coldstart restore` uses (map if cached, else copy)
+
+
+def reload_table(rows: list[dict], size: str) -> list[str]:
+    """table.md of the reload benchmark: per cache state and method, the reload step alone and the
+    reload plus the first forward passes (the canary), each against vLLM's stock reload."""
+    lines = [f"# Weight reload step alone: vLLM `reload_weights` vs coldstart ({size} model)", "",
+             _host_line(), "",
+             "Each run: sleep level 2 → wake weights → (evict or pre-read the source file) → reload "
+             "(timed inside the worker) → wake KV → 8-token canary check (timed too). Variants interleaved in "
+             "one run. **copy** = our parallel loader reads the flat file into the weights (O_DIRECT when the "
+             "file is cold); **map** = the flat file is mmap'ed (MAP_PRIVATE|MAP_FIXED) over the weight arena "
+             "and populated with MADV_POPULATE_READ in 4 threads: \"done\" means every page is mapped and "
+             "resident (no copy; a later write would copy-on-write one page); **auto** = the default "
+             "(`coldstart restore` uses it): copy when under 10 % of the file is cached, else map.", "",
+             "| cache | method | reload (s) | speed-up | GiB/s | canary after (s) | reload + canary (s) | "
+             "speed-up incl. canary | runs | canary ok | auto chose |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for cache in ("warm", "cold"):
+        sel = {m: [r for r in rows if r["cache"] == cache and r["method"] == m] for m in METHODS}
+        if not sel["stock"]:
+            continue
+        st = statistics.median([r["seconds"] for r in sel["stock"]])
+        st2 = statistics.median([r["seconds"] + r["canary_s"] for r in sel["stock"]])
+        for m in METHODS:
+            if not sel[m]:
+                continue
+            sec = statistics.median([r["seconds"] for r in sel[m]])
+            both = statistics.median([r["seconds"] + r["canary_s"] for r in sel[m]])
+            can = statistics.median([r["canary_s"] for r in sel[m]])
+            gib = sel[m][0]["bytes"] / 2**30 / sec
+            chose = ", ".join(f"{k} ×{v}" for k, v in sorted(
+                {c: [r["detail"].get("mode") for r in sel[m]].count(c)
+                 for c in {r["detail"].get("mode") for r in sel[m]}}.items())) if m == "auto" else ""
+            name = "stock reload_weights" if m == "stock" else f"ours {m}"
+            lines.append(f"| {cache} | {name} | {sec:.3f} | {st / sec:.2f}× | {gib:.2f} | {can:.3f} | {both:.3f} | "
+                         f"{st2 / both:.2f}× | {len(sel[m])} | {all(r['canary_ok'] for r in sel[m])} | {chose} |")
+    per_round: dict[int, float] = {}  # the faster fio shape of each round
+    for r in rows:
+        if r["method"] == "device" and r["seconds"] > 0:
+            per_round[r["rep"]] = max(per_round.get(r["rep"], 0.0), r["bytes"] / 2**30 / r["seconds"])
+    dev = list(per_round.values())
+    cold_stock = [r for r in rows if r["cache"] == "cold" and r["method"] == "stock"]
+    cold_ours = [r["bytes"] / 2**30 / r["seconds"] for r in rows if r["cache"] == "cold" and r["method"] == "auto"] \
+        or [r["bytes"] / 2**30 / r["seconds"] for r in rows if r["cache"] == "cold" and r["method"] == "map"]
+    if dev and cold_stock and cold_ours:
+        need = 3 * cold_stock[0]["bytes"] / 2**30 / statistics.median([r["seconds"] for r in cold_stock])
+        lines += ["", f"Device limit, same run (fio on the flat file, page cache dropped, once per round: the faster "
+                      f"of 4 jobs x 16 MiB buffered and 4 jobs x 1 MiB O_DIRECT reads): median "
+                      f"{statistics.median(dev):.2f} GiB/s (min {min(dev):.2f}, max {max(dev):.2f}). A 3× cold reload "
+                      f"would have to read at {need:.2f} GiB/s; the default reload read at "
+                      f"{statistics.median(cold_ours):.2f} GiB/s = {statistics.median(cold_ours) / statistics.median(dev):.2f}× "
+                      f"that median."]
+    res_cold = [r["resident_before"] for r in rows if r["cache"] == "cold" and "resident_before" in r]
+    res_warm = [r["resident_before"] for r in rows if r["cache"] == "warm" and "resident_before" in r]
+    if res_cold and res_warm:
+        lines += ["", f"Page cache (mincore, just before each timed step): cold cases at most {max(res_cold):.1%} "
+                      f"of their source file resident, warm cases at least {min(res_warm):.1%}."]
+    lines += ["", "Target: ≥ 3× (fast-vllm reported 2.4× on GPU). Medians of the runs above; raw rows in raw.jsonl."]
+    return lines
 
 
 def bench_reload(
@@ -142,56 +201,12 @@ def bench_reload(
                            "bytes": nbytes[method], "canary_ok": ok, "canary_s": round(canary_s, 6),
                            "detail": {k: v for k, v in r0.items() if k in (
                                "mode", "map_s", "populate_s", "copied_tensors", "threads", "read_s", "o_direct",
-                               "direct_choice")}}
+                               "direct_choice", "auto_choice")}}
                     rows.append(row)
                     print(json.dumps(row), file=sys.stderr, flush=True)
     finally:
         eng.stop()
-    lines = [f"# Weight reload step alone: vLLM `reload_weights` vs coldstart ({size} model)", "",
-             _host_line(), "",
-             "Each run: sleep level 2 → wake weights → (evict or pre-read the source file) → reload "
-             "(timed inside the worker) → wake KV → 8-token canary check (timed too). Variants interleaved in "
-             "one run. **copy** = our parallel loader reads the flat file into the weights; **map** = the flat "
-             "file is mmap'ed (MAP_PRIVATE|MAP_FIXED) over the weight arena and populated with "
-             "MADV_POPULATE_READ in 4 threads: \"done\" means every page is mapped and resident (no copy; a "
-             "later write would copy-on-write one page).", "",
-             "| cache | stock reload_weights (s) | ours copy (s) | ours map (s) | speed-up copy | speed-up map | "
-             "stock GiB/s | map GiB/s | canary after stock / map (s) | runs | canary ok |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for cache in ("warm", "cold"):
-        med, cs = {}, {}
-        for method in METHODS:
-            sel = [r for r in rows if r["cache"] == cache and r["method"] == method]
-            med[method] = statistics.median([r["seconds"] for r in sel]) if sel else float("nan")
-            cs[method] = statistics.median([r["canary_s"] for r in sel]) if sel else float("nan")
-        oks = all(r["canary_ok"] for r in rows if r["cache"] == cache and r["method"] in METHODS)
-        n = len([r for r in rows if r["cache"] == cache and r["method"] == "map"])
-        b = {m: next((r["bytes"] for r in rows if r["method"] == m), 0) / 2**30 for m in METHODS}
-        lines.append(f"| {cache} | {med['stock']:.3f} | {med['copy']:.3f} | {med['map']:.3f} | "
-                     f"{med['stock'] / med['copy']:.2f}× | {med['stock'] / med['map']:.2f}× | "
-                     f"{b['stock'] / med['stock']:.2f} | {b['map'] / med['map']:.2f} | "
-                     f"{cs['stock']:.3f} / {cs['map']:.3f} | {n} | {oks} |")
-    per_round: dict[int, float] = {}  # the faster fio shape of each round
-    for r in rows:
-        if r["method"] == "device" and r["seconds"] > 0:
-            per_round[r["rep"]] = max(per_round.get(r["rep"], 0.0), r["bytes"] / 2**30 / r["seconds"])
-    dev = list(per_round.values())
-    cold_stock = [r for r in rows if r["cache"] == "cold" and r["method"] == "stock"]
-    if dev and cold_stock:
-        need = 3 * cold_stock[0]["bytes"] / 2**30 / statistics.median([r["seconds"] for r in cold_stock])
-        cold_map = [r["bytes"] / 2**30 / r["seconds"] for r in rows if r["cache"] == "cold" and r["method"] == "map"]
-        lines += ["", f"Device limit, same run (fio on the flat file, page cache dropped, once per round: the faster "
-                      f"of 4 jobs x 16 MiB buffered and 4 jobs x 1 MiB O_DIRECT reads): median "
-                      f"{statistics.median(dev):.2f} GiB/s (min {min(dev):.2f}, max {max(dev):.2f}). A 3× cold reload "
-                      f"would have to read at {need:.2f} GiB/s; the map reload read at "
-                      f"{statistics.median(cold_map):.2f} GiB/s = {statistics.median(cold_map) / statistics.median(dev):.2f}× "
-                      f"that median."]
-    res_cold = [r["resident_before"] for r in rows if r["cache"] == "cold" and "resident_before" in r]
-    res_warm = [r["resident_before"] for r in rows if r["cache"] == "warm" and "resident_before" in r]
-    if res_cold and res_warm:
-        lines += ["", f"Page cache (mincore, just before each timed step): cold cases at most {max(res_cold):.1%} "
-                      f"of their source file resident, warm cases at least {min(res_warm):.1%}."]
-    lines += ["", "Target: ≥ 3× (fast-vllm reported 2.4× on GPU). Medians of the runs above; raw rows in raw.jsonl."]
+    lines = reload_table(rows, size)
     _write(out, rows, "\n".join(lines) + "\n", ["coldstart", "bench", "reload", *sys.argv[3:]])
     print("\n".join(lines))
 
