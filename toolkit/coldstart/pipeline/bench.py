@@ -156,8 +156,8 @@ def bench_reload(
         c.collective_rpc("coldstart_dump_weights", kwargs={"out_dir": str(flat_dir)})
         flat_files = [flat_dir / "weights.flat"]
         st_files = sorted(model.glob("*.safetensors"))
-        nbytes = {"stock": sum(p.stat().st_size for p in st_files), "copy": flat_files[0].stat().st_size,
-                  "map": flat_files[0].stat().st_size}
+        nbytes = {m: flat_files[0].stat().st_size for m in METHODS}
+        nbytes["stock"] = sum(p.stat().st_size for p in st_files)
         for rep in range(reps):
             for cache in ("warm", "cold"):
                 for method in METHODS:

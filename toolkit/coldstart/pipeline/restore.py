@@ -343,7 +343,8 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) -
             nbytes = int(m.weights.get("bytes", 0))
             r0 = res[0] if res and isinstance(res[0], dict) else {}
             tl.mark(EventName.WEIGHTS_LOADED, bytes=nbytes, gib_s=round(nbytes / 2**30 / dt, 3) if dt else 0,
-                    mode=r0.get("mode", "stock"), **({"map_refused": r0["map_refused"]} if r0.get("map_refused") else {}))
+                    mode=r0.get("mode", "stock"),
+                    **{k: r0[k] for k in ("auto_choice", "map_refused", "o_direct") if r0.get(k)})
             client.wake_up(["kv_cache"])
             tl.mark(EventName.WAKE_KV)
         from coldstart.pipeline.canary import check as check_canary
