@@ -220,7 +220,9 @@ def rerender_warm_table(out: Path) -> str:
             r["clean"] = r["proc_read_bytes"] <= 1.05 * r["bytes"] and not r.get("errors")
     modes = list(dict.fromkeys(r["mode"] for r in rows if r["mode"] != "fio-odirect"))
     table = _warm_table(rows, modes, meta["bytes"], meta["bandwidth"][0]["tool"], meta["bandwidth_median_bytes_s"])
-    (out / "warm_bench.md").write_text(table)
+    from coldstart.fsutil import write_atomic
+
+    write_atomic(out / "warm_bench.md", table)
     return table
 
 
@@ -249,17 +251,18 @@ def _warm_table(rows: list[dict], modes: list[str], total: int, tool: str, bw_me
 
 
 def _write(out: Path, name: str, rows: list[dict], meta: dict, table: str) -> None:
+    """{name}.jsonl, {name}.md and this benchmark's COMMAND line, each file replaced atomically (the
+    other benchmark's files in ``out`` are left alone)."""
+    from coldstart.fsutil import write_atomic
+
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / f"{name}.jsonl", "w") as f:
-        f.write(json.dumps({"meta": meta}) + "\n")
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
-    (out / f"{name}.md").write_text(table)
+    write_atomic(out / f"{name}.jsonl", "".join(json.dumps(x) + "\n" for x in [{"meta": meta}, *rows]))
+    write_atomic(out / f"{name}.md", table)
     # one line per benchmark: the exact command that produced {name}.*
     cmd_file = out / "COMMAND"
     keep = [l for l in (cmd_file.read_text().splitlines() if cmd_file.exists() else []) if not l.endswith(f"# -> {name}.*")]
     argv = ["coldstart" if a.endswith("/coldstart") else a for a in sys.argv]
-    cmd_file.write_text("\n".join([*keep, " ".join(shlex.quote(a) for a in argv) + f"   # -> {name}.*"]) + "\n")
+    write_atomic(cmd_file, "\n".join([*keep, " ".join(shlex.quote(a) for a in argv) + f"   # -> {name}.*"]) + "\n")
 
 
 # -- the restore -> first token benchmark (issue 5); the pipeline supplies `restore_once`
