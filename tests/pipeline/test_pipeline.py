@@ -30,6 +30,9 @@ def test_manifest_is_complete(snapshot):
     for rel, fe in m.files.items():
         assert (snap / rel).stat().st_size == fe.size and fe.xxh3
     assert m.weights.get("flat") in m.files, "the snapshot sleeps at level 2: the weights live in the flat file"
+    from coldstart.pipeline.manifest import code_digest
+
+    assert m.coldstart_code == code_digest()  # the code frozen into the image, for stale-snapshot checks
     from coldstart.engine import xstate
 
     if xstate.xcomp_perm() is not None:  # x86_64: the worker's AMX permission, asked again at restore

@@ -27,7 +27,7 @@ from coldstart.fsutil import fsync_tree
 from coldstart.pipeline import _criu, hostfacts
 from coldstart.pipeline import canary as canary_mod
 from coldstart.pipeline.events import EventName, Timeline
-from coldstart.pipeline.manifest import (MANIFEST_NAME, Manifest, inventory, tree_digest,
+from coldstart.pipeline.manifest import (MANIFEST_NAME, Manifest, code_digest, inventory, tree_digest,
                                          sparse_copy, write_manifest)
 
 DEFAULT_CANARY = "The capital of France is"
@@ -216,7 +216,7 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
             engine_args=list(opts.engine_args), host=host.to_dict(), canary=canary, files=files,
             port=opts.port, host_addr=spec.host, run_dir=str(spec.run_dir), criu_variant=opts.criu_variant,
             device=device, asleep=sleep, pids=pids, weights=weights, shm_files=[p.name for p in shm_files], log_sizes=log_sizes,
-            xcomp_perm=xcomp_perm,
+            xcomp_perm=xcomp_perm, coldstart_code=code_digest(),
             created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         )
         m.timings = {e.name: e.t for e in tl.events}

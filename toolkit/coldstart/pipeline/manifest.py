@@ -68,6 +68,9 @@ class Manifest:
     log_sizes: dict[str, int] = field(default_factory=dict)  # absolute path -> size at dump
     # the worker's x86 xstate permission mask at dump (AMX: stock CRIU drops it; None = unknown)
     xcomp_perm: int | None = None
+    # xxh3_128 of coldstart's own Python sources at checkpoint: the restored worker runs *that* code
+    # (it is in the CRIU image), whatever coldstart is installed at restore time ("" = not recorded)
+    coldstart_code: str = ""
     timings: dict[str, float] = field(default_factory=dict)
     created_at: str = ""
     schema_version: int = SCHEMA_VERSION
@@ -102,6 +105,20 @@ def xxh3_file(path: Path) -> str:
         view = memoryview(buf)
         while n := f.readinto(buf):
             h.update(view[:n])
+    return h.hexdigest()
+
+
+def code_digest() -> str:
+    """xxh3_128 over the coldstart package's .py files (relative path, content), sorted."""
+    import xxhash
+
+    import coldstart
+
+    root = Path(coldstart.__file__).parent
+    h = xxhash.xxh3_128()
+    for p in sorted(root.rglob("*.py")):
+        h.update(f"{p.relative_to(root)}\0".encode())
+        h.update(p.read_bytes())
     return h.hexdigest()
 
 

@@ -406,6 +406,20 @@ def restore_table(rows: list[dict], names: list[str], runs: int, drop: str, bws:
     return "\n".join(lines) + "\n"
 
 
+def _stale_snapshot(snapshot: Path) -> str:
+    """Why a cached benchmark snapshot must be made again ("" = reuse it): its worker runs the
+    coldstart code of its checkpoint, so a snapshot from other code would measure that code."""
+    from coldstart.pipeline.manifest import code_digest
+
+    try:
+        recorded = json.loads((snapshot / "manifest.json").read_text()).get("coldstart_code", "")
+    except (OSError, ValueError):
+        return ""  # none yet (or unreadable: the caller checkpoints when manifest.json is missing)
+    if recorded != code_digest():
+        return f"{snapshot} was checkpointed by other coldstart code ({recorded[:12] or 'unrecorded'})"
+    return ""
+
+
 # -- issue 5: restore -> first token per warming variant, on a real snapshot
 def pipeline_restore_once(snap: Path, *, echo: Callable[[str], None] = print) -> RestoreFn:
     """``restore_once`` over the pipeline's in-process ``restore()``; the variant reaches the warm
@@ -432,6 +446,8 @@ def pipeline_restore_once(snap: Path, *, echo: Callable[[str], None] = print) ->
                                   warm_record=v.get("record", "off"), warm_rest=v.get("rest", "after"))
             if v.get("loader_odirect") and hasattr(opts, "reload_mode"):
                 opts.reload_mode = "copy"
+            elif v.get("reload"):  # force the weight reload's mode (default: auto)
+                opts.reload_mode = v["reload"]
             c0 = host_cpu_busy_s()
             res = restore(opts, say=lambda s: None)
             cpu = host_cpu_busy_s() - c0
@@ -439,7 +455,9 @@ def pipeline_restore_once(snap: Path, *, echo: Callable[[str], None] = print) ->
                 tl = res.timeline
                 ft = tl.get(EventName.FIRST_TOKEN)
                 wd = tl.get(EventName.WARM_DONE)
+                wl = tl.get(EventName.WEIGHTS_LOADED)
                 return {"first_token_s": ft.t if ft else float("nan"), "canary_ok": res.canary_ok,
+                        "reload": {k: wl.attrs[k] for k in ("mode", "auto_choice", "o_direct") if wl and k in wl.attrs},
                         "restored": res.restored, "phases": tl.phases(),
                         "warm_done_s": wd.t if wd else None, "host_cpu_s": round(cpu, 3)}
             finally:
@@ -466,7 +484,10 @@ def run_issue5_bench(*, size: str, runs: int, out: Path, work: Path, snapshot: P
         if not (model / "config.json").exists():
             make_tiny(model, size=size, seed=0)
         snapshot = work / f"snap-{size}"
-        if not (snapshot / "manifest.json").exists():
+        stale = _stale_snapshot(snapshot)
+        if stale:
+            echo(f"re-checkpointing: {stale}")
+        if stale or not (snapshot / "manifest.json").exists():
             shutil.rmtree(snapshot, ignore_errors=True)
             work.mkdir(parents=True, exist_ok=True)
             with socket.socket() as s:
