@@ -172,26 +172,26 @@ def test_map_reload_identical_and_released(engine_server, canary, canary_prompt,
     assert _complete(client, canary_prompt) == canary
 
 
-def test_cold_copy_reload_reads_with_o_direct(engine_server, canary, canary_prompt, flat_dump):
-    """A copy reload of a cold flat file reads it with O_DIRECT (the loader's default choice; buffered
-    cold copies were ~3x slower inside the worker, which vLLM pins to one core); auto still maps."""
+def test_auto_reload_copies_a_cold_file_and_maps_a_cached_one(engine_server, canary, canary_prompt, flat_dump):
+    """auto: a cold flat file is copied in (O_DIRECT), a cached one mapped; the output is right both ways."""
     from coldstart.warm.residency import evict
 
     _, client = engine_server
+    data = flat_dump / "weights.flat"
     client.sleep(2)  # unmaps the file: its pages can be evicted
     client.wake_up(["weights"])
-    evict(flat_dump / "weights.flat")
-    res = client.collective_rpc("coldstart_reload", kwargs={"path": str(flat_dump), "mode": "copy"})[0]
+    evict(data)
+    cold = client.collective_rpc("coldstart_reload", kwargs={"path": str(flat_dump), "mode": "auto"})[0]
     client.wake_up(["kv_cache"])
-    assert res["mode"] == "copy" and res["o_direct"], res
-    assert res["direct_choice"] == "auto: 0% cached -> O_DIRECT", res
+    assert cold["mode"] == "copy" and cold["o_direct"], cold
+    assert cold["auto_choice"] == "auto: 0% of the weights file cached -> copy", cold
     assert _complete(client, canary_prompt) == canary
     client.sleep(2)
     client.wake_up(["weights"])
-    evict(flat_dump / "weights.flat")
-    res = client.collective_rpc("coldstart_reload", kwargs={"path": str(flat_dump), "mode": "auto"})[0]
+    data.read_bytes()
+    warm = client.collective_rpc("coldstart_reload", kwargs={"path": str(flat_dump), "mode": "auto"})[0]
     client.wake_up(["kv_cache"])
-    assert res["mode"] == "map", res
+    assert warm["mode"] == "map" and warm["auto_choice"].endswith("-> map"), warm
     assert _complete(client, canary_prompt) == canary
 
 

@@ -55,6 +55,27 @@ def test_restore_twice_equals_canary(snapshot):
             res.stop()
 
 
+def test_reload_mode_follows_the_warm_stage(snapshot):
+    """auto reload: with warming on, the weights are mapped (the page cache is shared with the warmer);
+    with warming off and a cold weights file, they are copied in with O_DIRECT. Output right both ways."""
+    from coldstart.warm.residency import evict
+
+    snap, m = snapshot
+    flat = snap / m.weights["flat"]
+    for warm, want in ((False, "copy"), (True, "map")):
+        evict(flat)
+        res = restore(RestoreOptions(snapshot=snap, fallback=False, warm=warm), say=lambda s: None)
+        try:
+            assert res.restored and res.canary_ok
+            ev = res.timeline.get("WEIGHTS_LOADED")
+            assert ev is not None and ev.attrs["mode"] == want, (warm, ev and ev.attrs)
+            if want == "copy":
+                assert ev.attrs.get("o_direct") and "cached -> copy" in ev.attrs.get("auto_choice", ""), ev.attrs
+            assert _complete(res.base_url, m) == m.canary.token_ids
+        finally:
+            res.stop()
+
+
 def test_restore_while_another_runs(snapshot):
     snap, m = snapshot
     # auto, not host: the previous test's restores may leave the dumped loopback connections in

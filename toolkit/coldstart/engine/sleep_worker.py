@@ -15,8 +15,10 @@ load time into one anonymous mapping laid out exactly like the flat file) and po
 zero-fill faults, no copy; ``copy`` reads the file into the tensors through our parallel loader
 (O_DIRECT when the file is cold: buffered cold copies ran 3x slower inside the worker, see
 docs/engine.md);
-``auto`` maps when the arena exists and the file's index matches its layout, else copies (and says
-why in the result). Set ``COLDSTART_WEIGHT_ARENA=0`` to keep vLLM's own allocation (copy only).
+``auto`` copies (O_DIRECT) when the flat file is cold (under 10 % of it in the page cache: after a
+cold map reload the first forward pass ran 1.5-3x slower, so a cold copy + canary beat a cold map +
+canary in every committed reload run), else maps when the arena exists and the file's index matches
+its layout, else copies (the result says why: ``auto_choice`` / ``map_refused``). Set ``COLDSTART_WEIGHT_ARENA=0`` to keep vLLM's own allocation (copy only).
 
 One deliberate change to how vLLM runs on CPU, in this worker only: linear layers keep their weight
 as a plain tensor and call ``torch.nn.functional.linear`` instead of a oneDNN/SGL prepacked copy.
@@ -94,6 +96,22 @@ RELOAD_MODES = ("auto", "map", "copy")
 def default_reload_mode() -> str:
     mode = os.environ.get("COLDSTART_RELOAD_MODE", "auto") or "auto"
     return mode if mode in RELOAD_MODES else "auto"
+
+
+def _auto_reload_mode(flat: Path) -> tuple[str, str]:
+    """``auto`` with an arena: ``copy`` for a cold flat file (the loader then reads it with O_DIRECT),
+    ``map`` otherwise; (mode, why). Residency sampled like the loader's O_DIRECT choice."""
+    from coldstart.warm.residency import sampled_resident_fraction
+    from coldstart.weights.format import read_index
+    from coldstart.weights.loader import COLD_DIRECT_MAX
+
+    try:
+        frac = sampled_resident_fraction(read_index(flat).data_file)
+    except Exception as e:  # noqa: BLE001 - an unreadable file is map_file's to report
+        return "map", f"auto: residency unknown ({e}) -> map"
+    if frac < COLD_DIRECT_MAX:
+        return "copy", f"auto: {frac:.0%} of the weights file cached -> copy"
+    return "map", f"auto: {frac:.0%} of the weights file cached -> map"
 
 
 def arena_enabled() -> bool:
@@ -174,6 +192,11 @@ class ColdstartRPCMixin:
         if mode not in RELOAD_MODES:
             raise ValueError(f"reload mode {mode!r}: choose one of {', '.join(RELOAD_MODES)}")
         refused = None
+        auto_choice = ""
+        if mode == "auto" and self._cs_arena is not None:
+            choice, auto_choice = _auto_reload_mode(flat)
+            if choice == "copy":  # else stay "auto": a refused map still falls back to a copy
+                mode = "copy"
         if mode in ("map", "auto"):
             if self._cs_arena is None:
                 refused = "no weight arena in this worker (GPU, or COLDSTART_WEIGHT_ARENA=0)"
@@ -191,6 +214,8 @@ class ColdstartRPCMixin:
                     refused = str(e)
                 else:
                     out.update({"seconds_rpc": round(time.perf_counter() - t0, 6), "flat": str(flat)})
+                    if auto_choice:
+                        out["auto_choice"] = auto_choice
                     self._cs_saved_buffers = {}
                     return out
             if mode == "map":
@@ -212,6 +237,8 @@ class ColdstartRPCMixin:
         out.update({"seconds_rpc": round(secs, 6), "flat": str(flat), "mode": "copy"})
         if refused:
             out["map_refused"] = refused
+        if auto_choice:
+            out["auto_choice"] = auto_choice
         self._cs_saved_buffers = {}
         return out
 

@@ -66,10 +66,7 @@ def _host_line() -> str:
             "stages' builds and servers ran meanwhile). CPU-measured; unverified on GPU.")
 
 
-# the order within a round: a map reload right after a copy reload paid ~2 s at its first forward pass
-# (3.0 s vs 1.0-1.2 s after a stock or map reload; results/spot-checks/odirect/mapslow*), which put
-# that cost on the map row of every earlier run; no other order showed a carry-over
-METHODS = ("stock", "map", "auto", "copy")  # auto: what `coldstart restore` uses (map with an arena)
+METHODS = ("stock", "copy", "map", "auto")  # auto: what `coldstart restore` uses (map if cached, else copy)
 
 
 def reload_table(rows: list[dict], size: str) -> list[str]:
@@ -83,8 +80,7 @@ def reload_table(rows: list[dict], size: str) -> list[str]:
              "file is cold); **map** = the flat file is mmap'ed (MAP_PRIVATE|MAP_FIXED) over the weight arena "
              "and populated with MADV_POPULATE_READ in 4 threads: \"done\" means every page is mapped and "
              "resident (no copy; a later write would copy-on-write one page); **auto** = the default "
-             "(`coldstart restore` uses it): map when the worker has a weight arena, else copy. Order within "
-             "a round: stock, map, auto, copy (a map right after a copy paid ~2 s at its first forward pass).", "",
+             "(`coldstart restore` uses it): copy when under 10 % of the file is cached, else map.", "",
              "| cache | method | reload (s) | speed-up | GiB/s | canary after (s) | reload + canary (s) | "
              "speed-up incl. canary | runs | canary ok | auto chose |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -338,13 +338,17 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) -
             client.wake_up(["weights"])
             tl.mark(EventName.WAKE_WEIGHTS)
             t = time.monotonic()
-            res = reload_weights(client, snap, m.weights, mode=opts.reload_mode)
+            # with a warm stage running (a warmer, or a profile recorder) the page cache is shared with
+            # it: map (an O_DIRECT copy would read the weights a second time, past the warmer, and hide
+            # them from the recorded profile); without one, auto copies a cold file in with O_DIRECT
+            mode = "map" if opts.reload_mode == "auto" and warmer is not None else opts.reload_mode
+            res = reload_weights(client, snap, m.weights, mode=mode)
             dt = time.monotonic() - t
             nbytes = int(m.weights.get("bytes", 0))
             r0 = res[0] if res and isinstance(res[0], dict) else {}
             tl.mark(EventName.WEIGHTS_LOADED, bytes=nbytes, gib_s=round(nbytes / 2**30 / dt, 3) if dt else 0,
                     mode=r0.get("mode", "stock"),
-                    **{k: r0[k] for k in ("map_refused", "o_direct") if r0.get(k)})
+                    **{k: r0[k] for k in ("auto_choice", "map_refused", "o_direct") if r0.get(k)})
             client.wake_up(["kv_cache"])
             tl.mark(EventName.WAKE_KV)
         from coldstart.pipeline.canary import check as check_canary
