@@ -18,7 +18,8 @@ docs/engine.md);
 ``auto`` copies (O_DIRECT) when the flat file is cold (under 10 % of it in the page cache: after a
 cold map reload the first forward pass ran 1.5-3x slower, so a cold copy + canary beat a cold map +
 canary in every committed reload run), else maps when the arena exists and the file's index matches
-its layout, else copies (the result says why: ``auto_choice`` / ``map_refused``). Set ``COLDSTART_WEIGHT_ARENA=0`` to keep vLLM's own allocation (copy only).
+its layout, else copies (the result says why: ``auto_choice`` / ``map_refused``). Set
+``COLDSTART_WEIGHT_ARENA=0`` to keep vLLM's own allocation (copy only).
 
 One deliberate change to how vLLM runs on CPU, in this worker only: linear layers keep their weight
 as a plain tensor and call ``torch.nn.functional.linear`` instead of a oneDNN/SGL prepacked copy.
@@ -224,6 +225,8 @@ class ColdstartRPCMixin:
                 return {"mode": "map", "error": f"map reload refused: {refused}", "flat": str(flat)}
             log.warning("coldstart reload: map mode refused (%s); copying instead", refused)
         direct = decode_arg(direct)  # None: the loader's choice (O_DIRECT when the file is cold)
+        if direct is None and auto_choice and mode == "copy":
+            direct = True  # auto copies because the file is cold: decided once, not sampled again
         kw: dict[str, Any] = {"threads": int(decode_arg(threads)), "verify": bool(decode_arg(verify)),
                               "direct": None if direct is None else bool(direct)}
         if chunk_bytes is not None:

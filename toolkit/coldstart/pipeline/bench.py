@@ -13,6 +13,7 @@ import socket
 import statistics
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import typer
@@ -97,9 +98,8 @@ def reload_table(rows: list[dict], size: str) -> list[str]:
             both = statistics.median([r["seconds"] + r["canary_s"] for r in sel[m]])
             can = statistics.median([r["canary_s"] for r in sel[m]])
             gib = sel[m][0]["bytes"] / 2**30 / sec
-            chose = ", ".join(f"{k} ×{v}" for k, v in sorted(
-                {c: [r["detail"].get("mode") for r in sel[m]].count(c)
-                 for c in {r["detail"].get("mode") for r in sel[m]}}.items())) if m == "auto" else ""
+            modes = Counter(str(r["detail"].get("mode")) for r in sel[m])
+            chose = ", ".join(f"{k} ×{v}" for k, v in sorted(modes.items())) if m == "auto" else ""
             name = "stock reload_weights" if m == "stock" else f"ours {m}"
             lines.append(f"| {cache} | {name} | {sec:.3f} | {st / sec:.2f}× | {gib:.2f} | {can:.3f} | {both:.3f} | "
                          f"{st2 / both:.2f}× | {len(sel[m])} | {all(r['canary_ok'] for r in sel[m])} | {chose} |")

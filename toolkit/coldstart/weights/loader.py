@@ -297,21 +297,18 @@ def _read_cold_aware(fd: int, views: list, offset: int, what: Callable[[], str],
     return total
 
 
-def _read_direct_steps(fd: int, view: memoryview, offset: int, what: Callable[[], str], need: int, step: int) -> int:
-    """O_DIRECT ``view`` (block-aligned) from ``offset`` in reads of ``step`` bytes (0: one read);
+def _read_direct_steps(fd: int, views: list, offset: int, what: Callable[[], str], need: int, step: int) -> int:
+    """O_DIRECT ``views`` (block-aligned) from ``offset`` in reads of ``step`` bytes (0: one read);
     the file may end inside the last block, after ``need`` bytes.
 
     Why steps: fio's 1 MiB O_DIRECT reads beat its 16 MiB ones on this disk (results/bench-load)."""
-    n = len(view)
-    step = step if 0 < step < n else n
+    total = sum(len(v) for v in views)
+    parts = _steps(views, 0, step) if 0 < step < total else [views]
     pos = 0
-    while pos < n:
-        m = min(step, n - pos)
-        last = pos + m >= n
-        pos += _preadv_full(fd, [view[pos:pos + m]], offset + pos, what, need=max(0, need - pos) if last else None)
-        if last:
-            break
-    return need
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        pos += _preadv_full(fd, part, offset + pos, what, need=max(0, need - pos) if last else None)
+    return pos
 
 
 # --------------------------------------------------------------------------------------------
@@ -452,10 +449,8 @@ class _Loader:
                     views.append(scratch[:s.boff - pos])
                 views.append(memoryview(self.np_views[s.tensor][s.toff:s.toff + s.length]))
                 pos = s.boff + s.length
-            if self.o_direct:  # in reads of ``read_bytes`` too: fio's 1 MiB O_DIRECT reads beat its 16 MiB ones here
-                pos = piece.offset
-                for part in (_steps(views, 0, self.direct_step) if self.direct_step else [views]):
-                    pos += _preadv_full(fd, part, pos, self._what(piece))
+            if self.o_direct:
+                _read_direct_steps(fd, views, piece.offset, self._what(piece), piece.length, self.direct_step)
             else:
                 _read_cold_aware(fd, views, piece.offset, self._what(piece), self.read_bytes)
             self.read_s_add(time.perf_counter() - t0)
@@ -600,7 +595,7 @@ class _Loader:
                     n = align_up(p.length, DIRECT_IO_ALIGN) if self.o_direct else p.length
                     t0 = time.perf_counter()
                     if self.o_direct:
-                        _read_direct_steps(fd, copier.host_view(buf)[:n], p.offset, self._what(p), p.length,
+                        _read_direct_steps(fd, [copier.host_view(buf)[:n]], p.offset, self._what(p), p.length,
                                            self.direct_step)
                     else:
                         _read_cold_aware(fd, [copier.host_view(buf)[:n]], p.offset, self._what(p), self.read_bytes)
