@@ -32,11 +32,11 @@ def snapshot_copy(snapshot, tmp_path):
         dst = tmp_path / name
         for p in sorted(src.rglob("*")):
             rel = p.relative_to(src)
-            if rel.parts and rel.parts[0] == "run":
-                continue  # the live run dir stays the original's (the manifest names it absolutely)
             t = dst / rel
             if p.is_dir():
                 t.mkdir(parents=True, exist_ok=True)
+            elif not p.is_file():
+                continue  # run/rpc's sockets: CRIU binds them anew
             elif p.name == "manifest.json":
                 t.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(p, t)

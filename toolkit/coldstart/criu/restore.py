@@ -26,7 +26,7 @@ from coldstart.criu._common import resolve_criu, shared_flags
 from coldstart.criu.images import check_pages, image_facts
 from coldstart.errors import ColdstartError
 
-_NOTIFY = """#!/bin/sh
+NOTIFY_SCRIPT = """#!/bin/sh
 # written by coldstart: tells the caller that CRIU resumed the restored tree
 [ "$CRTOOLS_SCRIPT_ACTION" = post-resume ] && : > "$COLDSTART_RESTORED_FILE"
 exit 0
@@ -224,7 +224,7 @@ def restore(images_dir: str | Path, opts: RestoreOptions | None = None) -> Resto
         stale.unlink(missing_ok=True)
     env = dict(os.environ)
     if opts.pidns or not opts.detach:
-        (work / "notify.sh").write_text(_NOTIFY)
+        (work / "notify.sh").write_text(NOTIFY_SCRIPT)
         os.chmod(work / "notify.sh", 0o755)
         env["COLDSTART_RESTORED_FILE"] = str(work / "restored")
     argv = restore_argv(criu, images, work, opts)

@@ -50,6 +50,11 @@ class EngineSpec:
     no_io_uring: bool = True
     enforce_eager: bool = True  # CPU: the compile cache does not reload; GPU: False keeps CUDA graphs
     worker_cls: str | None = None  # default: ours for the device ("" = vLLM's stock worker)
+    # The engine sees ``run_dir`` at this path instead (a bind mount in a private mount namespace):
+    # a checkpoint runs its server at the canonical path, so its image names no host path.
+    run_dir_seen_at: Path | None = None
+    # SIGKILL the server when the process that started it dies (a killed checkpoint leaves no server)
+    die_with_parent: bool = False
 
     def __post_init__(self) -> None:
         self.model = Path(self.model)
@@ -75,7 +80,13 @@ class EngineSpec:
 
     @property
     def log_path(self) -> Path:
+        """The server's log on this host (the engine may see it at ``run_dir_seen_at``)."""
         return self.run_dir / "server.log"
+
+    @property
+    def engine_run_dir(self) -> Path:
+        """The run dir as the engine sees it."""
+        return Path(self.run_dir_seen_at) if self.run_dir_seen_at else self.run_dir
 
     def vllm_args(self) -> list[str]:
         """The arguments after ``python -m vllm.entrypoints.openai.api_server``."""
@@ -108,7 +119,7 @@ class EngineSpec:
 
     def env_overrides(self) -> dict[str, str]:
         """Only the variables we set (recorded in the manifest; applied on top of os.environ)."""
-        rd = self.run_dir
+        rd = self.engine_run_dir
         e = {
             "VLLM_SERVER_DEV_MODE": "1",
             "HF_HUB_OFFLINE": "1",
@@ -159,6 +170,7 @@ class EngineProcess:
         self.root_pid = root_pid
         self.new_pidns = new_pidns
         self._log_file = log_file
+        self._watchdog = None  # launcher._tree_watchdog's pipe, for trees that die with their starter
         self.started_at = time.monotonic()
 
     @classmethod
@@ -274,6 +286,9 @@ class EngineProcess:
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
+        if self._watchdog is not None:
+            self._watchdog.close()
+            self._watchdog = None
         for p in shm:
             try:
                 p.unlink()
@@ -306,6 +321,22 @@ def _last_error_line(tail: str) -> str:
     return pick[-300:]
 
 
+def _die_with_parent() -> None:
+    import ctypes
+
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG; kept across exec
+
+
+def bind_run_dir_argv(host_dir: Path, seen_at: Path, argv: list[str]) -> list[str]:
+    """``argv`` in a private mount namespace where ``host_dir`` is bind-mounted at ``seen_at`` (the
+    same process: unshare and sh exec into it, so its PID is the launcher's child's)."""
+    # stdio reopened inside the namespace: fds opened outside name mounts CRIU cannot find in it
+    script = ('mkdir -p "$1" && mount --bind "$2" "$1" && cd "$1" && exec </dev/null >>"$1/server.log" 2>&1 '
+              '&& shift 2 && exec "$@"')
+    return [_unshare(), "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script, "sh",
+            str(seen_at), str(host_dir), *argv]
+
+
 def _unshare() -> str:
     path = shutil.which("unshare")
     if not path:
@@ -319,6 +350,8 @@ def start_engine(spec: EngineSpec, new_pidns: bool = True, log_mode: str = "w") 
 
     spec.prepare_dirs()
     argv = spec.argv()
+    if spec.run_dir_seen_at:
+        argv = bind_run_dir_argv(spec.run_dir, spec.run_dir_seen_at, argv)
     if new_pidns:
         # the inner setsid makes the server a session leader (no controlling tty: CRIU-friendly);
         # no --mount-proc (it broke CRIU restore here), so /proc shows host PIDs.
@@ -326,7 +359,8 @@ def start_engine(spec: EngineSpec, new_pidns: bool = True, log_mode: str = "w") 
     log = open(spec.log_path, log_mode)
     try:
         popen = subprocess.Popen(argv, env=spec.full_env(), stdin=subprocess.DEVNULL, stdout=log,
-                                 stderr=subprocess.STDOUT, start_new_session=True, cwd=spec.run_dir)
+                                 stderr=subprocess.STDOUT, start_new_session=True, cwd=spec.run_dir,
+                                 preexec_fn=_die_with_parent if spec.die_with_parent else None)
     except OSError as e:
         log.close()
         raise ColdstartError(f"cannot start the vLLM server ({argv[0]}): {e}") from e
@@ -351,7 +385,39 @@ def start_engine(spec: EngineSpec, new_pidns: bool = True, log_mode: str = "w") 
             popen.wait()
             log.close()
             raise ColdstartError(f"unshare did not start the server (see {spec.log_path})")
-    return EngineProcess(spec, popen, root_pid, new_pidns, log)
+    eng = EngineProcess(spec, popen, root_pid, new_pidns, log)
+    if spec.die_with_parent and spec.run_dir_seen_at:
+        eng._watchdog = _tree_watchdog(popen.pid)
+    return eng
+
+
+# Kills every process of one mount namespace once its stdin reaches EOF (its starter died or let go).
+_WATCHDOG = """read _ ; for p in /proc/[0-9]*; do
+  [ "$(readlink "$p/ns/mnt" 2>/dev/null)" = "$1" ] && kill -9 "${p#/proc/}" 2>/dev/null
+done; exit 0"""
+
+
+def _tree_watchdog(pid: int, timeout: float = 10.0):
+    """The server tree (API server, EngineCore, workers) shares the private mount namespace its
+    launcher made; vLLM's children outlive a SIGKILLed parent. A detached shell that reads a pipe
+    only we hold kills that namespace's processes when the pipe closes: at our death too. Returns
+    the pipe's write end (close it to release the watchdog)."""
+    mine = os.readlink("/proc/self/ns/mnt")
+    deadline = time.monotonic() + timeout
+    ns = mine
+    while ns == mine and time.monotonic() < deadline:  # until unshare has made the namespace
+        try:
+            ns = os.readlink(f"/proc/{pid}/ns/mnt")
+        except OSError:
+            return None
+        time.sleep(0.002)
+    if ns == mine:
+        return None
+    r, w = os.pipe()
+    subprocess.Popen(["/bin/sh", "-c", _WATCHDOG, "sh", ns], stdin=r, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL, start_new_session=True)
+    os.close(r)
+    return os.fdopen(w, "w")
 
 
 def host_pid(ns_pid: int, pids: list[int]) -> int | None:

@@ -1,13 +1,13 @@
 """``coldstart checkpoint MODEL``: start vLLM, record a canary, dump its weights, put it to sleep,
 CRIU-dump the whole server tree and publish the snapshot directory.
 
-Publication is "manifest.json last": the CRIU images record absolute paths of the files the server
-holds open (its log, run dir, caches), so the snapshot cannot be built in a staging directory and
-renamed afterwards (the restored process would look for the staging paths; vLLM's own snapshot has
-the same constraint). Instead the directory is private while building (an exclusive lock beside
-it), ``manifest.json`` is written atomically last, and any failure removes the whole directory. A
-directory without manifest.json is never restored, and the next checkpoint to the same path
-removes it (SIGKILL mid-checkpoint leaves nothing usable behind).
+The snapshot is built in a hidden staging directory beside the output (``.NAME.partial-PID``) and
+appears only at publish, by one rename, complete with its manifest. The server runs in a private
+mount namespace where the staging ``run/`` is bind-mounted at ENGINE_RUN_DIR, and CRIU dumps from
+inside that namespace, so the images name that canonical path and never where the snapshot is built
+or later kept. The server dies with the checkpoint (parent-death signal): a checkpoint killed at any
+point leaves no server and no output directory; the next checkpoint to the same output removes the
+dead one's staging directory.
 """
 from __future__ import annotations
 
@@ -24,11 +24,14 @@ from typing import Callable
 
 from coldstart.errors import ColdstartError
 from coldstart.fsutil import fsync_tree
-from coldstart.pipeline import _criu, hostfacts
+from coldstart.criu import server as _criu
+from coldstart.pipeline import hostfacts
+from coldstart.pipeline.integrity import NodeRecord
 from coldstart.pipeline import canary as canary_mod
 from coldstart.pipeline.events import EventName, Timeline
-from coldstart.pipeline.manifest import (MANIFEST_NAME, Manifest, code_digest, inventory, tree_digest,
-                                         sparse_copy, write_manifest)
+from coldstart.fsutil import fsync_dir
+from coldstart.pipeline.manifest import (ENGINE_RUN_DIR, MANIFEST_NAME, Manifest, code_digest, inventory,
+                                         sparse_copy, tree_digest, write_manifest)
 
 DEFAULT_CANARY = "The capital of France is"
 SHM = Path("/dev/shm")
@@ -88,9 +91,12 @@ def remove_stale_link_remaps(max_age: float = 120.0) -> list[str]:
 
 
 def _prepare_out(out: Path):
-    """Claim ``out`` (exclusive lock beside it); remove a leftover of an interrupted checkpoint."""
+    """Claim ``out`` (exclusive lock beside it) and make its staging directory; remove the staging
+    directories of dead checkpoints to the same output. Returns (lock file, staging dir)."""
     if (out / MANIFEST_NAME).exists():
         raise ColdstartError(f"{out} already holds a published snapshot (remove it or choose another --out)")
+    if out.exists():
+        raise ColdstartError(f"{out} exists and is not a snapshot (choose another --out)")
     out.parent.mkdir(parents=True, exist_ok=True)
     lock = open(out.parent / f".{out.name}.lock", "w")
     try:
@@ -98,14 +104,21 @@ def _prepare_out(out: Path):
     except BlockingIOError:
         lock.close()
         raise ColdstartError(f"another checkpoint is writing {out} right now") from None
-    if out.exists():
-        if out.is_dir() and not (out / MANIFEST_NAME).exists():
-            shutil.rmtree(out)  # an interrupted checkpoint's leftovers (no manifest: never published)
-        else:
-            lock.close()
-            raise ColdstartError(f"{out} exists and is not an unfinished snapshot directory")
-    out.mkdir(mode=0o755)
-    return lock
+    for old in out.parent.glob(f".{out.name}.partial-*"):
+        shutil.rmtree(old, ignore_errors=True)  # we hold the lock: its writer is dead
+    staging = out.parent / f".{out.name}.partial-{os.getpid()}"
+    staging.mkdir(mode=0o755)
+    return lock, staging
+
+
+def _publish(staging: Path, out: Path) -> None:
+    """fsync the staging tree, rename it to ``out``, fsync the parent: ``out`` appears complete."""
+    fsync_tree(staging)
+    try:
+        os.rename(staging, out)
+    except OSError as e:
+        raise ColdstartError(f"cannot publish {out}: {e}") from e
+    fsync_dir(out.parent)
 
 
 def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: None) -> tuple[Manifest, Timeline]:
@@ -129,15 +142,16 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
         raise ColdstartError("sleep requested but coldstart.engine.sleep_worker is not installed")
 
     tl = Timeline.from_container_start("checkpoint", model=model.name)
-    lock = _prepare_out(out)
+    lock, staging = _prepare_out(out)
     eng = None
     shm_taken: list[Path] = []
     published = False
     try:
-        spec = EngineSpec(model=model, run_dir=out / "run", port=opts.port, kv_cache_bytes=opts.kv_cache_bytes,
+        spec = EngineSpec(model=model, run_dir=staging / "run", port=opts.port, kv_cache_bytes=opts.kv_cache_bytes,
                           sleep_mode=sleep, extra_args=list(opts.engine_args), device=device,
-                          served_model_name=opts.served_model_name)
-        say(f"starting vLLM on {spec.base_url} (run dir {spec.run_dir})")
+                          served_model_name=opts.served_model_name, run_dir_seen_at=Path(ENGINE_RUN_DIR),
+                          die_with_parent=True)
+        say(f"starting vLLM on {spec.base_url} (run dir {spec.run_dir}, seen by the server at {ENGINE_RUN_DIR})")
         # Host PID namespace on purpose: vLLM's CPU worker reads /proc/<its pid>/status, and in a PID
         # namespace without its own /proc (a private /proc breaks CRIU here) that path is another
         # host process or missing. Every restore runs in a fresh PID namespace instead (restore.py).
@@ -154,16 +168,16 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
         weights: dict = {}
         if sleep:
             if device == "cpu":
-                wdir = out / "weights"  # dump_tensors publishes it by rename: must not exist yet
+                wdir = staging / "weights"  # dump_tensors publishes it by rename: must not exist yet
                 res = client.collective_rpc("coldstart_dump_weights", kwargs={"out_dir": str(wdir)})
-                weights = _weights_entry(out, wdir, res)
+                weights = _weights_entry(staging, wdir, res)
                 tl.mark(EventName.WEIGHTS_DUMPED, bytes=weights["bytes"])
                 say(f"weights dumped: {weights['flat']} ({weights['bytes'] / 2**20:.1f} MiB)")
             # Rehearsal (as vLLM's snapshot does): the exact wake + reload the restore will run must
             # give the canary back before the snapshot is published.
             client.sleep(level=2)
             client.wake_up(["weights"])
-            reload_weights(client, out, weights, mode=opts.reload_mode)
+            reload_weights(client, staging, weights, mode=opts.reload_mode)
             client.wake_up(["kv_cache"])
             bad, _ = canary_mod.check(client, canary)
             if bad:
@@ -182,15 +196,17 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
         pids = eng.pids()
         # The log's size as CRIU will record it: the server is idle now, and after the dump the
         # launcher (unshare) may still append a line, which the restore cuts off again.
-        log_sizes = {str(spec.log_path): spec.log_path.stat().st_size}
+        log_sizes = {spec.log_path.name: spec.log_path.stat().st_size}
+        shm_modes = {p.name: p.stat().st_mode & 0o7777 for p in shm_files if p.exists()}
+        run_files = _open_under(pids, ENGINE_RUN_DIR)
         say(f"criu dump of {len(pids)} processes")
         criu = _criu.find(opts.criu_variant)  # again: a rebuild may have replaced the binary meanwhile
-        (out / "shm").mkdir()
+        (staging / "shm").mkdir()
         with _criu.remap_lock():
             for stale in remove_stale_link_remaps():
                 say(f"removed a stale {stale} (left by a crashed dump/restore: it would block this dump)")
             remaps_before = link_remap_names()
-            _criu.dump(criu, eng.root_pid, out / "criu", out / "run")
+            _criu.dump(criu, eng.root_pid, staging / "criu", staging / "checkpoint-logs")
             if eng.popen is not None:
                 eng.popen.wait(timeout=30)
             tl.mark(EventName.CRIU_DUMPED)
@@ -198,38 +214,48 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
             # CRIU's link_remap files (stand-ins for deleted files such as sem.*).
             for p in shm_files:
                 if p.exists():
-                    sparse_copy(p, out / "shm" / p.name)  # ~400 MB of mostly zeros: keep the holes
+                    sparse_copy(p, staging / "shm" / p.name)  # ~400 MB of mostly zeros: keep the holes
                     shm_taken.append(p)
             remaps = sorted(link_remap_names() - remaps_before)
             if remaps:
-                (out / "link-remaps").mkdir()
+                (staging / "link-remaps").mkdir()
                 for name in remaps:
-                    shutil.copy2(SHM / name, out / "link-remaps" / name)
+                    shm_modes[name] = (SHM / name).stat().st_mode & 0o7777
+                    shutil.copy2(SHM / name, staging / "link-remaps" / name)
                     shm_taken.append(SHM / name)
             for p in shm_taken:
                 p.unlink(missing_ok=True)
 
-        files = inventory(out, digests=True)
+        # run/ becomes the read-only template every restore mounts at ENGINE_RUN_DIR: the log back to
+        # its size at dump (the launcher may have appended), CRIU's logs kept outside it
+        for name, size in log_sizes.items():
+            if (spec.run_dir / name).stat().st_size > size:
+                os.truncate(spec.run_dir / name, size)
+        files = inventory(staging, digests=True)
         m = Manifest(
             model=str(model), model_digest=tree_digest(model),
             served_model_name=opts.served_model_name or str(model),
             engine_args=list(opts.engine_args), host=host.to_dict(), canary=canary, files=files,
-            port=opts.port, host_addr=spec.host, run_dir=str(spec.run_dir), criu_variant=opts.criu_variant,
-            device=device, asleep=sleep, pids=pids, weights=weights, shm_files=[p.name for p in shm_files], log_sizes=log_sizes,
+            port=opts.port, host_addr=spec.host, run_dir=ENGINE_RUN_DIR, criu_variant=opts.criu_variant,
+            device=device, asleep=sleep, pids=pids, weights=weights, shm_files=[p.name for p in shm_files],
+            shm_modes=shm_modes, log_sizes=log_sizes, run_files=run_files,
             xcomp_perm=xcomp_perm, coldstart_code=code_digest(),
             created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         )
         m.timings = {e.name: e.t for e in tl.events}
         m.timings["kv_cache_bytes"] = opts.kv_cache_bytes
-        fsync_tree(out)
         tl.mark(EventName.PUBLISHED, bytes=sum(f.size for f in files.values()))
         m.timings = {e.name: e.t for e in tl.events}
-        write_manifest(out, m)
+        write_manifest(staging, m)
+        _publish(staging, out)
         published = True
+        record = NodeRecord()  # we just hashed these bytes: this node need not check them again
+        for rel, fe in files.items():
+            record.add(out / rel, fe.xxh3, fe.chunks)
         say(f"published {out}")
         return m, tl
     except ColdstartError as e:
-        kept = _keep_log(out)
+        kept = _keep_log(staging)
         if kept:
             raise ColdstartError(f"{e} [server log kept at {kept}]") from e
         raise
@@ -240,7 +266,7 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
             # (link remaps of a failed dump are CRIU's to remove: others' may be in /dev/shm now)
             for p in shm_taken:
                 p.unlink(missing_ok=True)
-            shutil.rmtree(out, ignore_errors=True)
+            shutil.rmtree(staging, ignore_errors=True)
         lock.close()
         try:
             (out.parent / f".{out.name}.lock").unlink()
@@ -248,11 +274,29 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
             pass
 
 
+def _open_under(pids: list[int], root: str) -> list[str]:
+    """Regular files under ``root`` (as the processes see it) that they hold open or map, relative."""
+    found: set[str] = set()
+    pre = root.rstrip("/") + "/"
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                found.update(ln.split(None, 5)[5].strip() for ln in f if len(ln.split(None, 5)) == 6)
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                try:
+                    found.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+                except OSError:
+                    pass
+        except OSError:
+            continue
+    return sorted(p[len(pre):] for p in found if p.startswith(pre) and not p.endswith("(deleted)"))
+
+
 def _keep_log(out: Path) -> Path | None:
     """Copy the server and CRIU logs out of a failed checkpoint's directory (which is removed)."""
     import tempfile
 
-    srcs = [p for p in (out / "run" / "server.log", out / "run" / "dump.log") if p.is_file()]
+    srcs = [p for p in (out / "run" / "server.log", out / "checkpoint-logs" / "dump.log") if p.is_file()]
     if not srcs:
         return None
     dst = Path(tempfile.mkdtemp(prefix=f"coldstart-checkpoint-{out.name}-"))

@@ -47,7 +47,10 @@ def checkpoint_cmd(
 def restore_cmd(
     snapshot: Path = typer.Argument(Path("/snapshot"), help="Snapshot directory (made by `coldstart checkpoint`)."),
     serve: bool = typer.Option(True, "--serve/--no-serve", help="--no-serve: return once READY, leave the server running."),
-    verify: bool = typer.Option(False, "--verify", help="Also check every file's digest (reads everything)."),
+    verify: str = typer.Option("auto", "--verify", help="Digests of the snapshot's files, checked before serving: "
+                               "auto (what this node has not verified unchanged before) | full (everything, "
+                               "every time) | off."),
+    no_verify: bool = typer.Option(False, "--no-verify", help="Same as --verify off."),
     no_warm: bool = typer.Option(False, "--no-warm", help="Do not warm the page cache in the background."),
     no_fallback: bool = typer.Option(False, "--no-fallback", help="Fail instead of cold-booting."),
     model: Optional[str] = typer.Option(None, help="Model to cold-boot if the manifest is unreadable."),
@@ -72,7 +75,7 @@ def restore_cmd(
 
     from coldstart.pipeline.restore import RestoreOptions, restore, serve as serve_fn
 
-    res = restore(RestoreOptions(snapshot=snapshot, verify=verify, warm=not no_warm, fallback=not no_fallback,
+    res = restore(RestoreOptions(snapshot=snapshot, verify="off" if no_verify else verify, warm=not no_warm, fallback=not no_fallback,
                                  model=model, timeout=timeout, net=net, port=port, reload_mode=reload_mode,
                                  warm_mode=warm_mode,
                                  warm_method=warm_method, warm_profile=warm_profile, warm_record=warm_record, warm_rest=warm_rest),
@@ -112,11 +115,50 @@ def inspect_cmd(snapshot: Path = typer.Argument(...), verify: bool = typer.Optio
         raise typer.Exit(1)
 
 
+snapshot_app = typer.Typer(help="Snapshots on this host: list, verify, remove.", no_args_is_help=True)
+
+
+@snapshot_app.command("ls")
+def snapshot_ls(roots: List[Path] = typer.Argument(None, help="Snapshot dirs, or dirs holding snapshots "
+                                                   "(default: ./snapshots)."),
+                as_json: bool = typer.Option(False, "--json", help="One JSON object per snapshot.")) -> None:
+    """List snapshots with size and state (ready, in use by a live restore, partial)."""
+    from coldstart.pipeline.snapshots import find
+
+    for s in find(list(roots or [Path("snapshots")])):
+        if as_json:
+            print(json.dumps({"path": str(s.path), "state": s.state, "bytes": s.bytes, "model": s.model,
+                              "created_at": s.created_at, "users": s.users}))
+        else:
+            users = f" (PIDs {', '.join(map(str, s.users))})" if s.users else ""
+            print(f"{str(s.path):50} {s.bytes / 2**30:7.2f} GiB  {s.model:16} {s.created_at:25} {s.state}{users}")
+
+
+@snapshot_app.command("rm")
+def snapshot_rm(snapshot: Path = typer.Argument(...),
+                force: bool = typer.Option(False, "--force", help="Remove even while a restore uses it.")) -> None:
+    """Remove a snapshot; refused while a live restore maps its files."""
+    from coldstart.pipeline.snapshots import remove
+
+    remove(snapshot, force=force)
+    _say(f"removed {snapshot}")
+
+
+@snapshot_app.command("verify")
+def snapshot_verify(snapshot: Path = typer.Argument(...)) -> None:
+    """Check every file's digests now and remember the result on this node (restores then skip it)."""
+    from coldstart.pipeline.snapshots import verify
+
+    st = verify(snapshot)
+    _say(f"{snapshot}: {st['checked']} files ({st['bytes'] / 2**30:.2f} GiB) match their digests")
+
+
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     extra = {"allow_extra_args": True, "ignore_unknown_options": True}
     app.command("checkpoint", context_settings=extra)(checkpoint_cmd)
     app.command("restore")(restore_cmd)
     app.command("inspect")(inspect_cmd)
+    app.add_typer(snapshot_app, name="snapshot")
     try:
         from coldstart.pipeline import bench as _bench  # noqa: F401
     except ImportError:

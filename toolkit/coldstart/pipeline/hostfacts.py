@@ -120,11 +120,18 @@ def collect(criu_bin: str | None = None) -> HostFacts:
     )
 
 
-def compare(snap: dict, host: HostFacts) -> list[str]:
-    """Every reason this host cannot restore a snapshot made on ``snap`` (a HostFacts dict)."""
+def compare(snap: dict, host: HostFacts, warnings: list[str] | None = None) -> list[str]:
+    """Every reason this host cannot restore a snapshot made on ``snap`` (a HostFacts dict).
+
+    Another kernel build is no reason: nothing in CRIU or vLLM needs the same build string, CRIU
+    checks the kernel features it uses while restoring, and the canary decides. It goes to
+    ``warnings`` (shown in the timeline) instead."""
     problems: list[str] = []
     h = host.to_dict()
-    for key in ("vllm", "torch", "python", "kernel", "arch", "criu", "gpu_driver"):
+    if snap.get("kernel", "") != h.get("kernel", "") and warnings is not None:
+        warnings.append(f"kernel: snapshot made on {snap.get('kernel') or '(unknown)'}, this host runs "
+                        f"{h.get('kernel')} (restoring anyway: the canary decides)")
+    for key in ("vllm", "torch", "python", "arch", "criu", "gpu_driver"):
         want, have = snap.get(key, ""), h.get(key, "")
         if key == "criu" and not have:
             problems.append("criu: no criu binary found on this host")

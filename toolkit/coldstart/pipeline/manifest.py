@@ -1,9 +1,12 @@
 """manifest.json: what a snapshot is, what made it, and what it needs from the host that restores it.
 
-Written last at checkpoint (its atomic appearance publishes the snapshot), read first at restore.
+Written last into the staging directory, which is then renamed into place (publish); read first
+at restore. Nothing in it depends on where the snapshot or the model lives on the host: the server
+was checkpointed with its run dir at ENGINE_RUN_DIR (a bind mount in a private mount namespace), and
+every restore puts its own writable copy of ``run/`` there (pipeline/netns.py).
 ``validate_against_host`` names every mismatch instead of stopping at the first, so a fallback
-message says everything that is wrong at once. File sizes are always checked (free); full digests
-only with ``verify=True`` (hashing GBs costs seconds the restore is meant to save).
+message says everything that is wrong at once. File sizes are always checked (free); per-chunk
+digests by pipeline/integrity.py.
 """
 from __future__ import annotations
 
@@ -15,8 +18,10 @@ from typing import Any
 
 from coldstart.errors import ColdstartError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: canonical run dir, per-chunk digests, run/ part of the immutable snapshot
 MANIFEST_NAME = "manifest.json"
+# Where the checkpointed server saw its run dir, and where every restore puts a writable copy of it.
+ENGINE_RUN_DIR = "/run/coldstart/engine"
 KIND = "coldstart-snapshot"
 _CHUNK = 8 << 20
 
@@ -45,6 +50,8 @@ class Canary:
 class FileEntry:
     size: int
     xxh3: str = ""  # xxh3_128 hex of the whole file
+    chunks: list[str] = field(default_factory=list)  # xxh3_64 hex per integrity.CHUNK bytes
+    mode: int = 0o644  # permission bits at publish (the restore gives copies these, whatever the store did)
 
 
 @dataclass
@@ -58,14 +65,16 @@ class Manifest:
     files: dict[str, FileEntry]  # every file of the snapshot except manifest.json, by relative path
     port: int = 8000
     host_addr: str = "127.0.0.1"
-    run_dir: str = ""  # the engine's run dir: the restored process reopens files here, same path
+    run_dir: str = ENGINE_RUN_DIR  # the engine's run dir as it saw it (a restore mounts run/ there)
     criu_variant: str = "patched"
     device: str = "cpu"  # cpu (our sleep worker) | cuda (vLLM's CuMemAllocator; unverified on GPU)
     asleep: bool = False  # dumped at sleep level 2: the restore must wake + reload the weights
     pids: list[int] = field(default_factory=list)  # the dumped tree, root first
     weights: dict[str, Any] = field(default_factory=dict)  # {"flat": rel, "index": rel, "bytes": n}
     shm_files: list[str] = field(default_factory=list)  # /dev/shm names saved under shm/
-    log_sizes: dict[str, int] = field(default_factory=dict)  # absolute path -> size at dump
+    shm_modes: dict[str, int] = field(default_factory=dict)  # their modes (and link-remaps'): CRIU checks them
+    log_sizes: dict[str, int] = field(default_factory=dict)  # path under run_dir -> size at dump
+    run_files: list[str] = field(default_factory=list)  # files under run_dir the dumped tree holds open
     # the worker's x86 xstate permission mask at dump (AMX: stock CRIU drops it; None = unknown)
     xcomp_perm: int | None = None
     # xxh3_128 of coldstart's own Python sources at checkpoint: the restored worker runs *that* code
@@ -90,7 +99,8 @@ class Manifest:
         try:
             kw = {k: v for k, v in d.items() if k in known}
             kw["canary"] = Canary(**kw["canary"])
-            kw["files"] = {k: FileEntry(**v) for k, v in kw["files"].items()}
+            kw["files"] = {k: FileEntry(**{**v, "chunks": list(v.get("chunks", []))})
+                           for k, v in kw["files"].items()}
             return cls(**kw)
         except (KeyError, TypeError) as e:
             raise ColdstartError(f"manifest.json is incomplete or malformed ({e})") from e
@@ -135,16 +145,22 @@ def tree_digest(root: Path) -> str:
 
 
 def inventory(snapshot_dir: Path, digests: bool = True) -> dict[str, FileEntry]:
-    """Size (and xxh3) of every regular file in the snapshot, manifest.json and run/ excluded
-    (run/ is the engine's live working directory: logs and caches, checked by ``log_sizes``)."""
+    """Size, mode and digests (whole file and per chunk) of every regular file in the snapshot,
+    manifest.json excluded. run/ is included: it is the template every restore mounts (read-only
+    lower layer) at the engine's run dir, as immutable as the images."""
+    from coldstart.pipeline.integrity import file_digests
+
     out: dict[str, FileEntry] = {}
     for p in sorted(Path(snapshot_dir).rglob("*")):
         if not p.is_file() or p.is_symlink():
             continue
         rel = str(p.relative_to(snapshot_dir))
-        if rel == MANIFEST_NAME or rel.startswith("run/") or rel.endswith(".tmp"):
+        if rel == MANIFEST_NAME or rel.endswith(".tmp"):
             continue
-        out[rel] = FileEntry(size=p.stat().st_size, xxh3=xxh3_file(p) if digests else "")
+        st = p.stat()
+        d = file_digests(p) if digests else None
+        out[rel] = FileEntry(size=st.st_size, xxh3=d.xxh3 if d else "", chunks=list(d.chunks) if d else [],
+                             mode=st.st_mode & 0o7777)
     return out
 
 
@@ -179,18 +195,20 @@ def read_manifest(snapshot_dir: Path) -> Manifest:
     return Manifest.from_dict(d)
 
 
-def validate_against_host(m: Manifest, snapshot_dir: Path, host=None, verify: bool = False) -> list[str]:
+def validate_against_host(m: Manifest, snapshot_dir: Path, host=None, verify: bool = False,
+                          warnings: list[str] | None = None) -> list[str]:
     """Every reason this snapshot cannot be restored on this host, each naming what differs.
 
-    ``host`` is a ``hostfacts.HostFacts`` (collected here when None). File sizes always; xxh3
-    digests of every file when ``verify``.
+    ``host`` is a ``hostfacts.HostFacts`` (collected here when None). File sizes always; the whole
+    files' xxh3 when ``verify`` (the restore checks per-chunk digests instead: integrity.py).
+    Differences that do not break a restore (another kernel build) go to ``warnings``.
     """
     from coldstart.pipeline import hostfacts
 
     snapshot_dir = Path(snapshot_dir)
     if host is None:
         host = hostfacts.collect()
-    problems = hostfacts.compare(m.host, host)
+    problems = hostfacts.compare(m.host, host, warnings=warnings)
     for rel, fe in sorted(m.files.items()):
         p = snapshot_dir / rel
         try:
@@ -203,14 +221,8 @@ def validate_against_host(m: Manifest, snapshot_dir: Path, host=None, verify: bo
             continue
         if verify and fe.xxh3 and xxh3_file(p) != fe.xxh3:
             problems.append(f"file {rel}: content digest differs from the manifest (corrupt)")
-    for logp, size in sorted(m.log_sizes.items()):
-        p = Path(logp)
-        if not p.exists():
-            problems.append(f"log {logp}: missing (the restored server reopens it)")
-        elif p.stat().st_size < size:
-            problems.append(f"log {logp}: shorter ({p.stat().st_size}) than at dump ({size})")
-    if m.run_dir and not Path(m.run_dir).is_dir():
-        problems.append(f"run dir {m.run_dir}: missing (the restored server reopens files there)")
+    if not (snapshot_dir / "run").is_dir():
+        problems.append("run/: missing (every restore mounts it at the server's run dir)")
     return problems
 
 

@@ -1,11 +1,12 @@
-"""A private network + mount namespace for a restore, and a loopback forwarder into it.
+"""The namespaces a restore runs in, and a loopback forwarder into a private network namespace.
 
-Why: a snapshot's server listens on a fixed 127.0.0.1 port and holds loopback TCP connections (gloo)
-and /dev/shm buffers by name. A second restore of the same snapshot on the same host (while the
-first still serves) would collide on all three. Restoring into its own network namespace (only
-``lo``) and its own mount namespace (a private tmpfs on /dev/shm) removes every collision; a small
-TCP forwarder on a host port then makes the server reachable. Containers already get both
-namespaces from the runtime, so the entrypoint uses ``net="host"`` there.
+Why: a snapshot's server reopens its run dir at one fixed path, holds /dev/shm buffers by name,
+listens on a fixed 127.0.0.1 port and holds loopback TCP connections (gloo). Several restores of one
+snapshot on one host, or a read-only snapshot, would collide on or write into all of these. Every
+restore gets its own mount namespace (its run dir as an overlay over the snapshot's, a private
+/dev/shm); a restore that cannot have the snapshot's port on the host also gets its own network
+namespace (only ``lo``) and a small TCP forwarder on a host port. Containers already get a network
+namespace from the runtime, so the entrypoint uses ``net="host"`` there.
 """
 from __future__ import annotations
 
@@ -28,26 +29,49 @@ def _setns(path: str, nstype: int) -> None:
         os.close(fd)
 
 
-def wrap_argv(argv: list[str], shm_sources: list[Path] | None = None, private_net: bool = False) -> list[str]:
-    """``argv`` (a ``criu restore``) as PID 1 of a fresh PID namespace (the restored tree keeps its
-    dumped PIDs there, whatever runs on the host), session leader (``setsid``: required by CRIU for
-    a vLLM tree here), killed with its launcher (``--kill-child``), with that namespace's own /proc
-    (``--mount-proc``: CRIU's kernel-feature probe needs it, /run being no tmpfs here it has no
-    cached copy, and the restored server's /proc/<pid> paths then name itself). With ``private_net`` also a new
-    network + mount namespace: ``lo`` up, a private tmpfs on /dev/shm holding ``shm_sources``."""
+def _ovl_escape(p: Path) -> str:
+    return str(p).replace("\\", "\\\\").replace(",", "\\,").replace(":", "\\:")
+
+
+def wrap_argv(argv: list[str], *, run_lower: Path, run_upper: Path, run_work: Path, run_at: str,
+              shm: dict[Path, int] | None = None, run_modes: dict[str, int] | None = None,
+              private_net: bool = False) -> list[str]:
+    """``argv`` (a ``criu restore``) in the namespaces a restore needs, as PID 1 of a fresh PID
+    namespace (the restored tree keeps its dumped PIDs there, whatever runs on the host), session
+    leader (``setsid``: required by CRIU for a vLLM tree here), killed with its launcher
+    (``--kill-child``), with that namespace's own /proc (CRIU's kernel-feature probe needs it).
+
+    Always a private mount namespace holding this restore's writable state, so that nothing is
+    written into the snapshot and restores never collide:
+    - ``run_at`` (the run dir the server was checkpointed with) is an overlay: the snapshot's
+      ``run/`` as the read-only lower layer, ``run_upper`` for what this server writes (its log);
+      ``run_modes`` (path under it -> mode) are the files the server holds open, given their modes
+      back where a read-only store changed them (CRIU checks; only those are copied up);
+    - /dev/shm is a private tmpfs holding copies of ``shm`` (source -> mode; CRIU checks modes, and a
+      read-only store may have changed them).
+    With ``private_net`` also a network namespace with only ``lo`` (a Forwarder makes it reachable)."""
     import shlex
     import shutil
 
+    q = shlex.quote
     unshare = shutil.which("unshare") or "unshare"
-    if not private_net:
-        return [unshare, "--pid", "--fork", "--kill-child", "--mount-proc", "setsid", *argv]
-    ip = shutil.which("ip") or "ip"
-    script = "set -e; {ip} link set lo up; mount -t tmpfs -o mode=1777 tmpfs /dev/shm; ".format(ip=shlex.quote(ip))
-    if shm_sources:
-        script += "cp -p --sparse=always -- " + " ".join(shlex.quote(str(p)) for p in shm_sources) + " /dev/shm/; "
-    script += "exec setsid " + " ".join(shlex.quote(a) for a in argv)
-    return [unshare, "--pid", "--fork", "--kill-child", "--mount-proc", "--net", "--mount", "--propagation", "private", "--",
-            "/bin/sh", "-c", script]
+    script = "set -e; "
+    if private_net:
+        script += f"{q(shutil.which('ip') or 'ip')} link set lo up; "
+    script += "mount -t tmpfs -o mode=1777 tmpfs /dev/shm; "
+    if shm:
+        script += "cp --sparse=always -- " + " ".join(q(str(p)) for p in shm) + " /dev/shm/; "
+        script += "".join(f"chmod {mode:o} {q('/dev/shm/' + p.name)}; " for p, mode in shm.items())
+    opts = f"lowerdir={_ovl_escape(run_lower)},upperdir={_ovl_escape(run_upper)},workdir={_ovl_escape(run_work)}"
+    script += f"mkdir -p {q(run_at)}; mount -t overlay overlay -o {q(opts)} {q(run_at)}; "
+    for rel, mode in (run_modes or {}).items():
+        f = q(f"{run_at}/{rel}")
+        script += f'[ "$(stat -c %a {f})" = {mode:o} ] || chmod {mode:o} {f}; '
+    script += "exec setsid " + " ".join(q(a) for a in argv)
+    ns = ["--pid", "--fork", "--kill-child", "--mount-proc", "--mount", "--propagation", "private"]
+    if private_net:
+        ns.append("--net")
+    return [unshare, *ns, "--", "/bin/sh", "-c", script]
 
 
 class Forwarder:

@@ -1,36 +1,42 @@
 """``coldstart restore [DIR]``: the container entrypoint. Restore the snapshot, prove it with the
 canary, serve; on any failure before serving, say why on one line and cold-boot the same model.
 
-Order (DESIGN.md): validate the manifest against this host → start page-cache warming → put back the
-host state the image refers to (log sizes, /dev/shm buffers, CRIU link_remap files) → CRIU restore
-(patched criu maps pages-*.img instead of copying) → wait for /health → wake weights → reload them
-in place through our loader → wake the KV cache → the canary must give the recorded tokens → serve.
+The phases (``_restore``, DESIGN.md): validate the manifest against this host → check digests
+(integrity.py: small files now, the big ones on a thread, joined before serving) → start page-cache
+warming → place this restore's writable state (its own directory, run-dir overlay, /dev/shm, network:
+netns.py) → CRIU restore (patched criu maps pages-*.img instead of copying) → wait for /health →
+wake weights → reload them in place through our loader → wake the KV cache → the canary must give
+the recorded answer → serve. Nothing is written inside the snapshot: it may be read-only, moved, and
+restored by several replicas at once.
 
-We become a child subreaper before the restore, so the restored tree (``--restore-detached``) is
-re-parented to us: the entrypoint stays the server's parent, forwards SIGTERM/SIGINT and exits with it.
+CRIU stays the restored tree's parent and our child: the entrypoint forwards SIGTERM/SIGINT to the
+server and exits with it.
 """
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import importlib.util
 import os
 import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from coldstart.criu import server as _criu
 from coldstart.errors import ColdstartError
-from coldstart.pipeline import _criu, hostfacts
+from coldstart.pipeline import hostfacts, integrity
+from coldstart.pipeline.canary import check as check_canary
+from coldstart.pipeline.checkpoint import port_free, reload_weights
 from coldstart.pipeline.events import EventName, Timeline
-from coldstart.pipeline.manifest import Manifest, read_manifest, sparse_copy, validate_against_host
-
-SHM = Path("/dev/shm")
-PR_SET_CHILD_SUBREAPER = 36
+from coldstart.pipeline.manifest import Manifest, read_manifest, validate_against_host
+from coldstart.pipeline.netns import Forwarder, wrap_argv
+from coldstart.pipeline.snapshots import write_owner
+from coldstart.state import restores_dir, state_dir
 
 
 class RestoreFailed(ColdstartError):
@@ -40,7 +46,8 @@ class RestoreFailed(ColdstartError):
 @dataclass
 class RestoreOptions:
     snapshot: Path
-    verify: bool = False  # check every file's xxh3 digest too (costs a full read)
+    # digests (integrity.py): auto = what this node has not verified unchanged | full | off
+    verify: str = "auto"
     timeout: float = 300.0  # for the restored server's /health and each dev-mode call
     warm: bool = True
     fallback: bool = True
@@ -68,21 +75,18 @@ class RestoreResult:
     manifest: Manifest | None = None
     text: str = ""
     forwarder: object | None = None  # netns.Forwarder in net="private" mode
+    state: "RestoreState | None" = None  # this restore's writable directory (removed at stop)
 
     def stop(self) -> None:
-        """Stop the server (and the forwarder); reap it."""
+        """Stop the server (and the forwarder); reap it; remove this restore's writable state."""
         try:
             self.engine.stop(timeout=10)
         finally:
             if self.forwarder is not None:
                 self.forwarder.close()
             _reap(self.engine.root_pid)
-
-
-def set_subreaper() -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+            if self.state is not None:
+                self.state.release()
 
 
 def restore(opts: RestoreOptions, say: Callable[[str], None] = print) -> RestoreResult:
@@ -96,6 +100,8 @@ def restore(opts: RestoreOptions, say: Callable[[str], None] = print) -> Restore
         try:
             return _restore(snap, m, opts, tl, say)
         except RestoreFailed as e:
+            if isinstance(e.__cause__, integrity.IntegrityError) or "does not match its digest" in str(e):
+                raise
             # The dumped loopback TCP connections (gloo) come back with their exact 4-tuples; right
             # after another copy of this snapshot stopped on this host they can still be in TIME_WAIT.
             # A private network namespace has none of them: retry there once (auto mode only).
@@ -137,26 +143,6 @@ def fall_back(reason: str, m: Manifest | None, opts: RestoreOptions, tl: Timelin
     ok = bool(m and comp and comp.token_ids == m.canary.token_ids)
     return RestoreResult(engine=eng, base_url=eng.base_url, timeline=tl, restored=False,
                          fallback_reason=reason, canary_ok=ok, manifest=m, text=comp.text if comp else "")
-
-
-def _truncate_logs(m: Manifest) -> None:
-    """CRIU checks the size of the files the process had open: cut the logs back to dump time."""
-    for logp, size in m.log_sizes.items():
-        p = Path(logp)
-        if p.exists() and p.stat().st_size > size:
-            os.truncate(p, size)
-
-
-def _prepare_host_state(snap: Path, m: Manifest) -> None:
-    """Put back in the host's /dev/shm what the image refers to by path but does not contain."""
-    for name in m.shm_files:
-        src = snap / "shm" / name
-        if src.exists():
-            sparse_copy(src, SHM / name)  # mostly holes; CRIU checks the mode too
-    remaps = snap / "link-remaps"
-    if remaps.is_dir():
-        for src in remaps.iterdir():
-            shutil.copy2(src, SHM / src.name)
 
 
 class _BackgroundWarm:
@@ -226,9 +212,34 @@ def _start_warming(snap: Path, m: Manifest, tl: Timeline, opts: "RestoreOptions 
 
 
 def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) -> RestoreResult:
-    from coldstart.engine.client import EngineClient
-    from coldstart.engine.launcher import EngineProcess, EngineSpec
+    """The phases, in order; each marks its timeline event and raises RestoreFailed naming the
+    problem. ``undo`` unwinds what the phases started if a later one fails."""
+    with contextlib.ExitStack() as undo:
+        criu = _validate(snap, m, opts, tl, say)
+        checks = _start_verify(snap, m, opts, tl)
+        undo.callback(checks.cancel)
+        warmer = _start_warming(snap, m, tl, opts) if opts.warm and opts.warm_mode != "off" else None
+        if warmer is not None:
+            undo.callback(warmer.cancel)
+        st = _place_state(snap, m, opts, undo)
+        eng = _criu_restore(criu, snap, m, st, tl, checks, undo)
+        base_url, fwd = _connect(eng, m, st, opts, undo)
+        client = _wait_server(eng, base_url, opts, tl, m, say)
+        _wake_and_reload(client, snap, m, opts, tl, warmer is not None)
+        text = _canary(client, m, tl, checks)
+        tl.mark(EventName.FIRST_TOKEN)
+        tl.mark(EventName.READY, url=base_url, pid=eng.root_pid)
+        undo.pop_all()  # from here on the result owns the server
+    if warmer is not None:
+        _finish_warm(warmer, tl)
+    tl.events.sort(key=lambda e: e.t)  # WARM_START is marked from the warming thread
+    tl.labels["outcome"] = "restored"
+    return RestoreResult(engine=eng, base_url=base_url, timeline=tl, restored=True, canary_ok=True,
+                         manifest=m, text=text, forwarder=fwd, state=st)
 
+
+def _validate(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) -> str:
+    """The manifest against this host: every problem named at once; warnings go to the timeline."""
     problems: list[str] = []
     try:
         criu = _criu.find(m.criu_variant)
@@ -236,157 +247,236 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) -
         criu = None
         problems.append(f"criu: {e}")
     host = hostfacts.collect(criu)
-    problems += [p for p in validate_against_host(m, snap, host=host, verify=opts.verify)
+    warnings: list[str] = []
+    problems += [p for p in validate_against_host(m, snap, host=host, verify=False, warnings=warnings)
                  if not (criu is None and p.startswith("criu:"))]
     if problems:
         raise RestoreFailed("snapshot does not fit this host: " + "; ".join(problems))
-    tl.mark(EventName.MANIFEST_OK)
+    for w in warnings:
+        say(f"warning: {w}")
+    tl.mark(EventName.MANIFEST_OK, **({"warnings": "; ".join(warnings)} if warnings else {}))
+    return criu
 
-    warmer = _start_warming(snap, m, tl, opts) if opts.warm and opts.warm_mode != "off" else None
 
-    net = opts.net
-    if net == "auto":
-        net = "host" if _port_free(m.host_addr, m.port) else "private"
-    if net == "host" and not _port_free(m.host_addr, m.port):
-        raise RestoreFailed(f"port {m.port} is busy on {m.host_addr} (another server from this snapshot? "
-                            "use --net private)")
-    # (no subreaper needed: criu stays the tree's parent and our child)
-    work = Path(tempfile.mkdtemp(prefix="coldstart-restore-"))
-    pidfile = work / "restore.pid"
-    mmap = _criu.supports_mmap_pages(criu)
-    argv = _criu.restore_argv(criu, snap / "criu", work, pidfile, mmap_pages=mmap)
-    _truncate_logs(m)
-    _criu.ensure_kerndat(criu)  # criu in a PID namespace without its own /proc needs the cached facts
-    from coldstart.pipeline.netns import wrap_argv
+class _Checks:
+    """Digest checks of the snapshot (integrity.py): the small files CRIU reads at once, before it
+    runs; the pages images and the weights on a thread beside the restore, joined before serving."""
 
-    if net == "private":
-        shm = [snap / "shm" / n for n in m.shm_files if (snap / "shm" / n).exists()]
-        if (snap / "link-remaps").is_dir():
-            shm += sorted((snap / "link-remaps").iterdir())
-        argv = wrap_argv(argv, shm, private_net=True)
-    else:
-        argv = wrap_argv(argv)
-    lock = _criu.remap_lock() if net == "host" else contextlib.nullcontext()
-    lock.__enter__()
-    if net == "host":
-        _prepare_host_state(snap, m)
-    tl.mark(EventName.RESTORE_ISSUED, mmap_pages=mmap, net=net)
-    restored_flag = work / "restored"
-    env = dict(os.environ, COLDSTART_RESTORED_FILE=str(restored_flag))
-    errf = open(work / "criu.stderr", "w+")
-    popen = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=errf, stderr=errf,
-                             cwd=m.run_dir or None)
-    deadline = time.monotonic() + opts.timeout
+    def __init__(self, snap: Path, m: Manifest, mode: str, tl: Timeline):
+        self.snap, self.files, self.mode, self.tl = snap, m.files, mode, tl
+        big = {rel for rel in m.files if rel.startswith("criu/pages-") or rel == m.weights.get("flat")}
+        used = {rel for rel in m.files if not rel.startswith("checkpoint-logs/")}
+        self.t0 = time.monotonic()
+        self.small = integrity.verify(snap, {r: m.files[r] for r in used - big}, mode)
+        self._big = {r: m.files[r] for r in big}
+        self._error: BaseException | None = None
+        self._stats: dict = {}
+        self._t = threading.Thread(target=self._run, name="coldstart-verify", daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        try:
+            self._stats = integrity.verify(self.snap, self._big, self.mode)
+        except BaseException as e:  # noqa: BLE001 - reported by join()
+            self._error = e
+        finally:
+            self.seconds = time.monotonic() - self.t0
+
+    def failure(self, timeout: float | None = 0) -> str | None:
+        """The integrity failure if one is known (after ``timeout`` s of waiting), else None."""
+        self._t.join(timeout)
+        return str(self._error) if self._error is not None else None
+
+    def join(self) -> None:
+        """Wait for every check; raise RestoreFailed naming the bad file and chunk."""
+        self._t.join()
+        if self._error is not None:
+            raise RestoreFailed(str(self._error))
+        st = {k: self.small.get(k, 0) + self._stats.get(k, 0) for k in ("checked", "skipped", "bytes")}
+        self.tl.mark("VERIFIED", mode=self.mode, seconds=round(self.seconds, 3), **st)
+
+    def cancel(self) -> None:
+        pass  # the thread only reads; it ends on its own
+
+
+def _start_verify(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline) -> _Checks:
+    mode = opts.verify if isinstance(opts.verify, str) else ("full" if opts.verify else "auto")
     try:
-        while not restored_flag.exists():
-            if popen.poll() is not None:
-                errf.seek(0)
-                raise RestoreFailed(f"criu restore failed (log {work / 'restore.log'}): "
-                                    f"{_criu._log_tail(work / 'restore.log') or errf.read().strip()[-300:]}")
-            if time.monotonic() > deadline:
-                popen.kill()
-                popen.wait()
-                raise RestoreFailed(f"criu restore did not finish within {opts.timeout:.0f} s")
-            time.sleep(0.002)
-    finally:
-        if net == "host":
-            _remove_placed_remaps(snap)
-        lock.__exit__(None, None, None)
+        return _Checks(snap, m, mode, tl)
+    except integrity.IntegrityError as e:
+        raise RestoreFailed(str(e)) from e
+
+
+@dataclass
+class RestoreState:
+    """This restore's writable directory and what it holds on the host (nothing in the snapshot)."""
+    dir: Path  # state_dir()/restores/<snapshot>-<pid>-<n>: run-upper/, run-work/, criu/
+    net: str  # host | private
+    port_lock: object | None = None  # the host port's lock file, held while the server lives
+
+    @property
+    def criu_dir(self) -> Path:
+        return self.dir / "criu"
+
+    def release(self) -> None:
+        if self.port_lock is not None:
+            self.port_lock.close()
+            self.port_lock = None
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _place_state(snap: Path, m: Manifest, opts: RestoreOptions, undo: contextlib.ExitStack) -> RestoreState:
+    """Make this restore's writable directory and choose its network: the host's when this restore
+    can hold the snapshot's port (a lock per host port: concurrent restores must not race for it),
+    else a private namespace."""
+    restores_dir().mkdir(parents=True, exist_ok=True)
+    d = Path(tempfile.mkdtemp(prefix=f"{snap.name}-{os.getpid()}-", dir=restores_dir()))
+    for sub in ("run-upper", "run-work", "criu"):
+        (d / sub).mkdir()
+    write_owner(d, snap)  # `coldstart snapshot rm` refuses while this restore's entrypoint lives
+    net, lock = opts.net, None
+    if net in ("auto", "host"):
+        lock = _claim_port(m.host_addr, m.port)
+        if lock is None and net == "host":
+            shutil.rmtree(d, ignore_errors=True)
+            raise RestoreFailed(f"port {m.port} is busy on {m.host_addr} (another server from this snapshot? "
+                                "use --net private)")
+        net = "host" if lock is not None else "private"
+    st = RestoreState(dir=d, net=net, port_lock=lock)
+    undo.callback(st.release)
+    return st
+
+
+def _claim_port(addr: str, port: int):
+    """A lock on (addr, port) held while our server uses it, or None when another restore holds it
+    or the port is taken. Host-wide because the host's port is: see docs/pipeline.md."""
+    import fcntl
+
+    locks = state_dir() / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    f = open(locks / f"port-{addr}-{port}.lock", "w")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        return None
+    if not _port_free(addr, port):
+        f.close()
+        return None
+    return f
+
+
+def _criu_restore(criu: str, snap: Path, m: Manifest, st: RestoreState, tl: Timeline, checks: _Checks,
+                  undo: contextlib.ExitStack):
+    """CRIU restores the tree in its namespaces (netns.wrap_argv); returns the attached engine."""
+    from coldstart.engine.launcher import EngineProcess, EngineSpec
+
+    mmap = _criu.supports_mmap_pages(criu)
+    argv = _criu.restore_argv(criu, snap / "criu", st.criu_dir, mmap_pages=mmap)
+    _criu.ensure_kerndat(criu)  # criu in a PID namespace without its own /proc needs the cached facts
+    shm = {snap / "shm" / n: m.shm_modes.get(n, 0o600) for n in m.shm_files if (snap / "shm" / n).exists()}
+    if (snap / "link-remaps").is_dir():
+        shm.update({p: m.shm_modes.get(p.name, 0o600) for p in sorted((snap / "link-remaps").iterdir())})
+    argv = wrap_argv(argv, run_lower=snap / "run", run_upper=st.dir / "run-upper", run_work=st.dir / "run-work",
+                     run_at=m.run_dir, shm=shm, private_net=st.net == "private",
+                     run_modes={rel: m.files[f"run/{rel}"].mode for rel in m.run_files if f"run/{rel}" in m.files})
+    tl.mark(EventName.RESTORE_ISSUED, mmap_pages=mmap, net=st.net)
+    restored_flag = st.dir / "restored"
+    env = dict(os.environ, COLDSTART_RESTORED_FILE=str(restored_flag))
+    errf = open(st.dir / "criu.stderr", "w+")
+    undo.callback(errf.close)
+    popen = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=errf, stderr=errf, cwd=st.dir)
+    deadline = time.monotonic() + 300.0
+    log = st.criu_dir / "restore.log"
+    while not restored_flag.exists():
+        if popen.poll() is not None:
+            errf.seek(0)
+            bad = checks.failure(timeout=30)  # a damaged image: name the file, not CRIU's symptom
+            raise RestoreFailed(bad or f"criu restore failed (log {log}): "
+                                f"{_criu._log_tail(log) or errf.read().strip()[-300:]}")
+        if time.monotonic() > deadline:
+            popen.kill()
+            popen.wait()
+            raise RestoreFailed("criu restore did not finish within 300 s")
+        time.sleep(0.002)
     root_pid = _host_root(popen.pid)
     if not root_pid:
         popen.kill()
         popen.wait()
         raise RestoreFailed("criu restored no process tree (nothing under criu in the new PID namespace)")
     tl.mark(EventName.RESTORE_DONE, pid=root_pid)
-
-    spec = EngineSpec(model=Path(m.model), run_dir=Path(m.run_dir), port=m.port, host=m.host_addr,
+    spec = EngineSpec(model=Path(m.model), run_dir=st.dir / "run-upper", port=m.port, host=m.host_addr,
                       sleep_mode=m.asleep or bool(m.weights), extra_args=list(m.engine_args), device=m.device,
                       served_model_name=m.served_model_name)
     eng = EngineProcess.attach(spec, root_pid, popen=popen, new_pidns=True)
-    fwd = None
-    base_url = spec.base_url
-    if net == "private":
-        from coldstart.pipeline.netns import Forwarder
+    eng.shm_paths = lambda: set()  # its /dev/shm is a private tmpfs: never unlink the host's files
+    undo.callback(lambda: (eng.stop(timeout=5), _reap(root_pid)))
+    return eng
 
-        eng.shm_paths = lambda: set()  # its /dev/shm is a private tmpfs: never unlink the host's files
-        try:
-            fwd = Forwarder(root_pid, (m.host_addr, m.port), ("127.0.0.1", opts.port or 0)).start()
-        except OSError as e:
-            eng.stop(timeout=5)
-            raise RestoreFailed(f"cannot forward to the restored server: {e}") from e
-        base_url = f"http://127.0.0.1:{fwd.address[1]}"
+
+def _connect(eng, m: Manifest, st: RestoreState, opts: RestoreOptions, undo: contextlib.ExitStack):
+    """The URL clients use: the server's own on the host network, else a forwarder's."""
+    if st.net != "private":
+        return eng.base_url, None
     try:
-        client = EngineClient(base_url, timeout=opts.timeout)
-        deadline = time.monotonic() + opts.timeout
-        while not client.health():
-            if not eng.alive():
-                raise RestoreFailed(f"the restored server exited (pid {root_pid}; log {spec.log_path})")
-            if time.monotonic() > deadline:
-                raise RestoreFailed(f"the restored server did not answer /health within {opts.timeout:.0f} s")
-            time.sleep(0.02)
-        tl.mark(EventName.SERVER_UP)
-        if m.xcomp_perm:  # before any forward pass: a criu without our patch 0008 drops the AMX permission
-            res = (client.collective_rpc("coldstart_xstate", kwargs={"restore": m.xcomp_perm}) or [{}])[0]
-            if res.get("error"):
-                raise RestoreFailed(f"the restored worker cannot get its AMX permission back: {res['error']}")
-            asked = res.get("asked")
-            if asked:
-                say(f"xstate: asked again for features {asked} (AMX) that the CRIU restore dropped")
-        if m.asleep or m.weights:
-            from coldstart.pipeline.checkpoint import reload_weights
-
-            client.wake_up(["weights"])
-            tl.mark(EventName.WAKE_WEIGHTS)
-            t = time.monotonic()
-            # with a warm stage running (a warmer, or a profile recorder) the page cache is shared with
-            # it: map (an O_DIRECT copy would read the weights a second time, past the warmer, and hide
-            # them from the recorded profile); without one, auto copies a cold file in with O_DIRECT
-            mode = "map" if opts.reload_mode == "auto" and warmer is not None else opts.reload_mode
-            res = reload_weights(client, snap, m.weights, mode=mode)
-            dt = time.monotonic() - t
-            nbytes = int(m.weights.get("bytes", 0))
-            r0 = res[0] if res and isinstance(res[0], dict) else {}
-            tl.mark(EventName.WEIGHTS_LOADED, bytes=nbytes, gib_s=round(nbytes / 2**30 / dt, 3) if dt else 0,
-                    mode=r0.get("mode", "stock"),
-                    **{k: r0[k] for k in ("auto_choice", "map_refused", "o_direct") if r0.get(k)})
-            client.wake_up(["kv_cache"])
-            tl.mark(EventName.WAKE_KV)
-        from coldstart.pipeline.canary import check as check_canary
-
-        bad, text = check_canary(client, m.canary)
-        if bad:
-            raise RestoreFailed(bad)
-        tl.mark(EventName.CANARY_OK, kind=m.canary.kind)
-        tl.mark(EventName.FIRST_TOKEN)
-        tl.mark(EventName.READY, url=base_url, pid=root_pid)
-        if warmer is not None:
-            _finish_warm(warmer, tl)
-        tl.events.sort(key=lambda e: e.t)  # WARM_START is marked from the warming thread
-        tl.labels["outcome"] = "restored"
-        shutil.rmtree(work, ignore_errors=True)
-        return RestoreResult(engine=eng, base_url=base_url, timeline=tl, restored=True, canary_ok=True,
-                             manifest=m, text=text, forwarder=fwd)
-    except BaseException:
-        eng.stop(timeout=5)
-        if fwd is not None:
-            fwd.close()
-        _reap(root_pid)
-        if warmer is not None:
-            try:
-                warmer.cancel()
-            except Exception:
-                pass
-        raise
+        fwd = Forwarder(eng.root_pid, (m.host_addr, m.port), ("127.0.0.1", opts.port or 0)).start()
+    except OSError as e:
+        raise RestoreFailed(f"cannot forward to the restored server: {e}") from e
+    undo.callback(fwd.close)
+    return f"http://127.0.0.1:{fwd.address[1]}", fwd
 
 
-def _remove_placed_remaps(snap: Path) -> None:
-    """CRIU has used (or failed to use) the link_remap files we put in /dev/shm: remove them, so they
-    cannot block the next dump (their names repeat across vLLM trees)."""
-    remaps = snap / "link-remaps"
-    if not remaps.is_dir():
+def _wait_server(eng, base_url: str, opts: RestoreOptions, tl: Timeline, m: Manifest, say):
+    from coldstart.engine.client import EngineClient
+
+    client = EngineClient(base_url, timeout=opts.timeout)
+    deadline = time.monotonic() + opts.timeout
+    while not client.health():
+        if not eng.alive():
+            raise RestoreFailed(f"the restored server exited (pid {eng.root_pid}; log {eng.spec.log_path})")
+        if time.monotonic() > deadline:
+            raise RestoreFailed(f"the restored server did not answer /health within {opts.timeout:.0f} s")
+        time.sleep(0.02)
+    tl.mark(EventName.SERVER_UP)
+    if m.xcomp_perm:  # before any forward pass: a criu without our patch 0008 drops the AMX permission
+        res = (client.collective_rpc("coldstart_xstate", kwargs={"restore": m.xcomp_perm}) or [{}])[0]
+        if res.get("error"):
+            raise RestoreFailed(f"the restored worker cannot get its AMX permission back: {res['error']}")
+        if res.get("asked"):
+            say(f"xstate: asked again for features {res['asked']} (AMX) that the CRIU restore dropped")
+    return client
+
+
+def _wake_and_reload(client, snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, warming: bool) -> None:
+    if not (m.asleep or m.weights):
         return
-    for src in remaps.iterdir():
-        (SHM / src.name).unlink(missing_ok=True)
+    client.wake_up(["weights"])
+    tl.mark(EventName.WAKE_WEIGHTS)
+    t = time.monotonic()
+    # with a warm stage running (a warmer, or a profile recorder) the page cache is shared with it:
+    # map (an O_DIRECT copy would read the weights a second time, past the warmer, and hide them
+    # from the recorded profile); without one, auto copies a cold file in with O_DIRECT
+    mode = "map" if opts.reload_mode == "auto" and warming else opts.reload_mode
+    res = reload_weights(client, snap, m.weights, mode=mode)
+    dt = time.monotonic() - t
+    nbytes = int(m.weights.get("bytes", 0))
+    r0 = res[0] if res and isinstance(res[0], dict) else {}
+    tl.mark(EventName.WEIGHTS_LOADED, bytes=nbytes, gib_s=round(nbytes / 2**30 / dt, 3) if dt else 0,
+            mode=r0.get("mode", "stock"),
+            **{k: r0[k] for k in ("auto_choice", "map_refused", "o_direct") if r0.get(k)})
+    client.wake_up(["kv_cache"])
+    tl.mark(EventName.WAKE_KV)
+
+
+def _canary(client, m: Manifest, tl: Timeline, checks: _Checks) -> str:
+    """The recorded answer must come back, and every digest must match, before anything is served
+    (a digest failure is named in preference to the canary's symptom of it)."""
+    bad, text = check_canary(client, m.canary)
+    checks.join()
+    if bad:
+        raise RestoreFailed(bad)
+    tl.mark(EventName.CANARY_OK, kind=m.canary.kind)
+    return text
 
 
 def _host_root(launcher_pid: int, settle: float = 5.0) -> int:
@@ -440,8 +530,6 @@ def _free_port() -> int:
 
 
 def _port_free(host: str, port: int) -> bool:
-    from coldstart.pipeline.checkpoint import port_free
-
     return port_free(host, port)
 
 

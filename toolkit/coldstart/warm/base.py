@@ -123,6 +123,18 @@ class Plan:
         return sum(r.length for r in self.ranges)
 
 
+def _profile_root(profile: Path, files: dict[Path, int]) -> Path:
+    """What a profile's relative paths are relative to: its own folder when it ships inside a
+    snapshot, else (a node's stored profile) the snapshot the warmed files belong to."""
+    if (profile.parent / "manifest.json").is_file():
+        return profile.parent
+    for p in files:
+        for d in p.parents:
+            if (d / "manifest.json").is_file():
+                return d
+    return profile.parent
+
+
 def make_plan(paths: list[Path] | list[str], *, chunk: int, profile: Path | None = None,
               order: list[Path] | None = None, profile_only: list[Path] | None = None) -> Plan:
     """Ranges to warm, in order. ``order`` puts the files it names first (in that order);
@@ -170,7 +182,7 @@ def make_plan(paths: list[Path] | list[str], *, chunk: int, profile: Path | None
         except Exception as e:  # noqa: BLE001 - any bad profile means: warm without it
             errors[Path(profile)] = f"profile ignored: {e}"
         else:
-            for path, off, length in prof.resolve(Path(profile).parent, files):
+            for path, off, length in prof.resolve(_profile_root(Path(profile), files), files):
                 ranges.extend(_split(path, off, length, chunk))
                 covered.setdefault(path, []).append((off, off + length))
             profile_used = bool(ranges)

@@ -1,16 +1,17 @@
-"""Warming a snapshot directory at restore: follow its profile.json, or record one.
+"""Warming a snapshot directory at restore: follow its profile, or record one.
 
 ``start_warming`` finds the snapshot a set of paths belongs to (the nearest ancestor holding
-``manifest.json``). With a ``profile.json`` there, the warm follows it. Without one, a
-``ProfileRecorder`` runs next to the warmer and, when the restore reports success by calling
-``wait()``, the recorded order is saved as ``profile.json`` (atomically) for the next restore.
+``manifest.json``). With a ``profile.json`` shipped in it, or one this node recorded for it (in the
+node's state dir, coldstart.state: a snapshot is never written after publish), the warm follows it.
+Without one, a ``ProfileRecorder`` runs next to the warmer and, when the restore reports success by
+calling ``wait()``, the recorded order is saved (atomically) in the node's profile store.
 A failed restore calls ``cancel()``: nothing is saved, a failed run's access order is no guide.
 Without either call, recording ends and saves after RECORD_MAX_S.
 
 Environment knobs, for the container entrypoint (one process, no flags to thread through):
   COLDSTART_WARM_MODE    native (default) | vmtouch | none
   COLDSTART_WARM_METHOD  pread (default) | willneed   (native mode)
-  COLDSTART_WARM_PROFILE auto (default: DIR/profile.json if present) | off | PATH
+  COLDSTART_WARM_PROFILE auto (default: DIR/profile.json, else this node's) | off | PATH
   COLDSTART_WARM_RECORD  auto (default: when no profile) | off | force
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ import os
 import threading
 from pathlib import Path
 
+from coldstart.state import profiles_dir
 from coldstart.warm.base import Range, WarmStats
 from coldstart.warm.profile import PROFILE_NAME, ProfileRecorder
 
@@ -53,12 +55,24 @@ def resolve_profile(root: Path | None) -> Path | None:
         return Path(pol)
     if root is not None and (root / PROFILE_NAME).is_file():
         return root / PROFILE_NAME
-    return None
+    node = node_profile(root) if root is not None else None
+    return node if node is not None and node.is_file() else None
+
+
+def node_profile(root: Path) -> Path | None:
+    """Where this node keeps the profile it recorded for the snapshot at ``root`` (by snapshot id,
+    so a moved or read-only copy finds it too); None when the snapshot has no id."""
+    import xxhash
+
+    from coldstart.warm import snapshot_id
+
+    sid = snapshot_id(root)
+    return profiles_dir() / xxhash.xxh3_64(sid.encode()).hexdigest() / PROFILE_NAME if sid else None
 
 
 def should_record(root: Path | None, profile: Path | None) -> bool:
     pol = os.environ.get("COLDSTART_WARM_RECORD", "auto")
-    if pol == "off" or root is None or not os.access(root, os.W_OK):
+    if pol == "off" or root is None or node_profile(root) is None:
         return False
     return pol == "force" or profile is None
 
@@ -97,7 +111,9 @@ class RecordingWarmer:
             log.info("warm: nothing recorded for a profile (snapshot already in memory?)")
             return
         try:
-            self.profile_path = prof.save(self.root / PROFILE_NAME)
+            dest = node_profile(self.root)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            self.profile_path = prof.save(dest)
             log.info("warm: recorded access profile %s (%d ranges, %.1f MiB)", self.profile_path,
                      len(prof.ranges), prof.bytes / 2**20)
         except OSError as e:

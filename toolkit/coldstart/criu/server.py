@@ -1,25 +1,28 @@
-"""The smallest adapter between the pipeline and CRIU.
+"""CRIU for a vLLM server tree: the dump and restore command lines the pipeline runs.
 
-Uses the criu stage (``coldstart.criu.locate.find_criu``) to find the binary when it is there, and
-runs ``criu dump`` / ``criu restore`` with the options a vLLM server needs (ENVIRONMENT.md):
-``--tcp-established`` (the HTTP listener and gloo's loopback connections), ``--ext-unix-sk``,
-``--link-remap`` (deleted /dev/shm/sem.* files), ``--ghost-limit`` (deleted temp files), ``--shell-job``.
-``COLDSTART_CRIU`` overrides the binary (tests point it at a missing path to force the fallback).
+Built from the stage's own argv builders (``dump.dump_argv``, ``restore.restore_argv``) with the
+options a vLLM server needs (ENVIRONMENT.md): ``--tcp-established`` (the HTTP listener and gloo's
+loopback connections), ``--ext-unix-sk``, ``--link-remap`` (deleted /dev/shm/sem.* files),
+``--ghost-limit`` (deleted temp files), ``--shell-job``. The dump runs inside the server's mount
+namespace (``nsenter``), where its run dir sits at the canonical path, so the image names that path
+and no host path. ``COLDSTART_CRIU`` overrides the binary (tests point it at a missing path to force
+the fallback).
 """
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
+from coldstart.criu.dump import DumpOptions, dump_argv
+from coldstart.criu.restore import NOTIFY_SCRIPT, RestoreOptions, restore_argv as stage_restore_argv
 from coldstart.errors import ColdstartError
 
-COMMON = ["--shell-job", "--ext-unix-sk", "--tcp-established", "--link-remap", "--file-locks",
-          "--network-lock", "nftables"]  # no iptables on these hosts; nftables locks TCP while dumping
-DUMP_ONLY = ["--ghost-limit", "512M", "--skip-in-flight"]
+GHOST_LIMIT = "512M"  # deleted temp files of a vLLM tree are copied into the image up to this size
 
 
 def plugin_args() -> list[str]:
@@ -102,14 +105,19 @@ def _log_tail(log: Path, n: int = 4) -> str:
     return " | ".join(ln.strip()[-200:] for ln in lines[-n:])
 
 
-def dump(criu: str, pid: int, images: Path, log_dir: Path, timeout: float = 600) -> None:
+def dump(criu: str, pid: int, images: Path, log_dir: Path, timeout: float = 600,
+         in_mount_ns: bool = True) -> None:
+    """Dump the tree rooted at ``pid``; with ``in_mount_ns`` criu runs in that tree's mount namespace."""
     images.mkdir(parents=True, exist_ok=True)
+    log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / "dump.log"
-    argv = [criu, "dump", "-t", str(pid), "-D", str(images), "-W", str(log_dir), "-o", str(log), "-v4",
-            *COMMON, *DUMP_ONLY, *plugin_args()]
+    opts = DumpOptions(log_level=4, ghost_limit=GHOST_LIMIT, extra_args=["-W", str(log_dir), *plugin_args()])
+    argv = dump_argv(Path(criu), pid, images, opts)
+    if in_mount_ns:
+        argv = [shutil.which("nsenter") or "nsenter", f"--mount=/proc/{pid}/ns/mnt", "--", *argv]
     for attempt in range(4):
         try:
-            r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, preexec_fn=_die_with_parent)
         except (OSError, subprocess.TimeoutExpired) as e:
             raise ColdstartError(f"criu dump of pid {pid} could not run: {e}") from e
         # a link_remap.<id> left by someone else's dump or restore: a failed dump leaves the tree
@@ -121,14 +129,15 @@ def dump(criu: str, pid: int, images: Path, log_dir: Path, timeout: float = 600)
         raise ColdstartError(f"criu dump of pid {pid} failed (log {log}): {_log_tail(log) or r.stderr.strip()[-300:]}")
 
 
-NOTIFY = """#!/bin/sh
-# written by coldstart: tells the restore that CRIU resumed the tree
-[ "$CRTOOLS_SCRIPT_ACTION" = post-resume ] && : > "$COLDSTART_RESTORED_FILE"
-exit 0
-"""
+def _die_with_parent() -> None:
+    """A dump whose checkpoint was killed must not go on (PR_SET_PDEATHSIG, kept across exec)."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)
 
 
-def restore_argv(criu: str, images: Path, work_dir: Path, pidfile: Path, mmap_pages: bool) -> list[str]:
+def restore_argv(criu: str, images: Path, work_dir: Path, mmap_pages: bool) -> list[str]:
     """``criu restore`` that stays the restored tree's parent (not ``-d``).
 
     Why not detached: the server was started under ``unshare --kill-child``, which set its parent-death
@@ -136,10 +145,8 @@ def restore_argv(criu: str, images: Path, work_dir: Path, pidfile: Path, mmap_pa
     once. CRIU staying alive as the parent also keeps the chain entrypoint → criu → server, and CRIU
     exits with the server. The post-resume action script tells us when the tree runs."""
     notify = work_dir / "notify.sh"
-    notify.write_text(NOTIFY)
+    notify.write_text(NOTIFY_SCRIPT)
     notify.chmod(0o755)
-    argv = [criu, "restore", "-D", str(images), "-W", str(work_dir), "-o", str(work_dir / "restore.log"),
-            "-v4", *COMMON, "--pidfile", str(pidfile), "--action-script", str(notify), *plugin_args()]
-    if mmap_pages:
-        argv.append("--mmap-pages")
-    return argv
+    opts = RestoreOptions(mmap_pages=0 if mmap_pages else None, detach=False, log_level=4,
+                          extra_args=["--link-remap", *plugin_args()])
+    return stage_restore_argv(Path(criu), images, work_dir, opts)

@@ -1,0 +1,25 @@
+"""Node-local state shared by the stages: where a host keeps what it learns about snapshots
+(verification records, recorded access profiles) and each restore's writable directory.
+
+A snapshot itself is never written after publish; everything a restore produces lands here.
+``COLDSTART_STATE_DIR`` overrides the default, which lives under /run (a tmpfs on most hosts and in
+containers: cleared at boot, so a reboot re-verifies and re-records).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def state_dir() -> Path:
+    return Path(os.environ.get("COLDSTART_STATE_DIR", "/run/coldstart"))
+
+
+def profiles_dir() -> Path:
+    """Access profiles recorded on this node, one folder per snapshot id."""
+    return state_dir() / "profiles"
+
+
+def restores_dir() -> Path:
+    """One writable directory per restore (its server's run dir overlay, CRIU's logs)."""
+    return state_dir() / "restores"
