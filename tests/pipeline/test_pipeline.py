@@ -173,7 +173,7 @@ def test_fallback_canary_mismatch_swapped_weights(snapshot, snapshot_copy):
             f.write(db)
             f.seek(eb.offset)
             f.write(da)
-    reason = _fallback(snap, m)
+    reason = _fallback(snap, m, verify="off")  # the digests would name the file first: test the canary alone
     assert "canary" in reason
 
 

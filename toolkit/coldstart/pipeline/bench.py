@@ -296,6 +296,159 @@ def restore_table(rows: list[dict], note: str = "") -> str:
     return "\n".join(lines + phase_lines + ([""] + [note] if note else [])) + "\n"
 
 
+def _drop_caches() -> None:
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+def _kill_restored(pid: int, timeout: float = 30.0) -> None:
+    """SIGKILL a restored root; CRIU (its parent, init of its PID namespace) exits and the namespace
+    goes with it. Waits until the process is gone."""
+    import signal
+
+    import psutil
+
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while psutil.pid_exists(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+
+
+def restore_from_exec(snap: Path, extra: list[str] | None = None, port: int | None = None) -> dict:
+    """One `coldstart restore SNAP --no-serve` as a new process; first token counted from its exec
+    (the wall clock just before the spawn) and, for comparison, from inside Python (the timeline)."""
+    import subprocess
+    import tempfile
+
+    tlf = Path(tempfile.mkstemp(suffix=".jsonl")[1])
+    argv = [str(Path(sys.executable).with_name("coldstart")), "restore", str(snap), "--no-serve",
+            "--port", str(port or _free_port()), "--timeline-out", str(tlf), *(extra or [])]
+    t0 = time.time()
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+    t_exit = time.time()
+    events = [json.loads(ln) for ln in tlf.read_text().splitlines() if ln.strip()]
+    tlf.unlink()
+    ev = {e["name"]: e for e in events}
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    info = json.loads(lines[-1]) if lines else {}
+    if info.get("pid"):
+        _kill_restored(int(info["pid"]))
+    ft = ev.get("FIRST_TOKEN")
+    return {"restored": bool(info.get("restored")), "fallback": info.get("fallback_reason"),
+            "first_token_from_exec_s": round(ft["wall"] - t0, 4) if ft else None,
+            "first_token_in_process_s": ft["t"] if ft else None,
+            "process_exit_s": round(t_exit - t0, 4), "verified": (ev.get("VERIFIED") or {}).get("attrs"),
+            "rc": p.returncode, "stderr_tail": p.stderr[-400:] if p.returncode else ""}
+
+
+def bench_artifact(
+    sizes: str = typer.Option("tiny,bench", help="Comma-separated model sizes."),
+    reps: int = typer.Option(3, help="Runs per cell; medians reported."),
+    concurrency: str = typer.Option("1,2,4", help="Numbers of restores of one snapshot started together."),
+    out: Path = typer.Option(Path("results/artifact"), help="Results directory."),
+    work: Path = typer.Option(Path("/var/tmp/coldstart-bench-artifact"), help="Scratch dir (snapshots)."),
+) -> None:
+    """Integrity cost (digests on: recorded on this node / first restore on this node; off) with the
+    page cache warm and dropped, and N concurrent restores of one snapshot; first token from exec."""
+    import shutil
+    import subprocess
+
+    from coldstart.pipeline.checkpoint import CheckpointOptions, checkpoint
+    from coldstart.state import state_dir
+
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    rows: list[dict] = []
+    say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    verify_modes = {"off": ["--no-verify"], "recorded": [], "first-on-node": []}
+    for size in [s.strip() for s in sizes.split(",") if s.strip()]:
+        snap = work / f"snap-{size}"
+        m, _ = checkpoint(CheckpointOptions(model=_model(size), out=snap, port=_free_port()), say=say)
+        total = sum(f.size for f in m.files.values())
+        for rep in range(reps):
+            for cache in ("warm", "dropped"):
+                for vm, extra in verify_modes.items():
+                    if vm == "first-on-node":
+                        shutil.rmtree(state_dir() / "verified", ignore_errors=True)
+                    elif vm == "recorded":
+                        subprocess.run([str(Path(sys.executable).with_name("coldstart")), "snapshot", "verify",
+                                        str(snap)], capture_output=True, check=True)
+                    if cache == "dropped":
+                        _drop_caches()
+                    else:
+                        _read(p for p in snap.rglob("*") if p.is_file())
+                    r = restore_from_exec(snap, extra)
+                    rows.append({"bench": "integrity", "model": size, "cache": cache, "verify": vm, "rep": rep,
+                                 "snapshot_bytes": total, **r})
+                    say(json.dumps(rows[-1]))
+        subprocess.run([str(Path(sys.executable).with_name("coldstart")), "snapshot", "verify", str(snap)],
+                       capture_output=True, check=True)
+        for rep in range(reps):
+            for n in [int(x) for x in concurrency.split(",") if x.strip()]:
+                _read(p for p in snap.rglob("*") if p.is_file())
+                from concurrent.futures import ThreadPoolExecutor
+
+                with ThreadPoolExecutor(n) as pool:
+                    got = list(pool.map(lambda i: restore_from_exec(snap), range(n)))
+                for i, r in enumerate(got):
+                    rows.append({"bench": "concurrent", "model": size, "n": n, "replica": i, "rep": rep, **r})
+                    say(json.dumps(rows[-1]))
+        shutil.rmtree(snap, ignore_errors=True)
+    text = artifact_table(rows)
+    _write(out, rows, text, ["coldstart", "bench", "artifact", *sys.argv[3:]])
+    print(text)
+
+
+def artifact_table(rows: list[dict]) -> str:
+    def med(xs):
+        xs = [x for x in xs if x is not None]
+        return statistics.median(xs) if xs else float("nan")
+
+    la = os.getloadavg()
+    lines = ["# Snapshot integrity cost and concurrent restores", "", _host_line(), "",
+             f"Load average at the end: {la[0]:.1f}/{la[1]:.1f}/{la[2]:.1f}. First token counted from the exec of "
+             "`coldstart restore SNAP --no-serve` (wall clock before the spawn → the FIRST_TOKEN event's wall "
+             "clock; the canary is the first token); in-process = the timeline's own clock. Digests: `off` = "
+             "--no-verify; `recorded` = this node verified the files before (`coldstart snapshot verify`), the "
+             "restore checks identities only; `first-on-node` = no record: every chunk of every file the "
+             "restore uses is hashed before serving, beside the restore. Warm = every snapshot file read just "
+             "before; dropped = `echo 3 > drop_caches` just before (venv libraries dropped too).", "",
+             "| model | cache | digests | first token from exec (s) | in-process (s) | vs off | runs | restored |",
+             "|---|---|---|---|---|---|---|---|"]
+    integ = [r for r in rows if r["bench"] == "integrity"]
+    for size in dict.fromkeys(r["model"] for r in integ):
+        for cache in ("warm", "dropped"):
+            base = med(r["first_token_from_exec_s"] for r in integ if (r["model"], r["cache"], r["verify"]) == (size, cache, "off"))
+            for vm in ("off", "recorded", "first-on-node"):
+                sel = [r for r in integ if (r["model"], r["cache"], r["verify"]) == (size, cache, vm)]
+                if not sel:
+                    continue
+                fe = med(r["first_token_from_exec_s"] for r in sel)
+                ip = med(r["first_token_in_process_s"] for r in sel)
+                lines.append(f"| {size} | {cache} | {vm} | {fe:.3f} | {ip:.3f} | {fe / base:.3f}× | {len(sel)} | "
+                             f"{sum(r['restored'] for r in sel)}/{len(sel)} |")
+    conc = [r for r in rows if r["bench"] == "concurrent"]
+    if conc:
+        lines += ["", "Concurrent restores of one snapshot (page cache warm, digests recorded): each replica's first "
+                  "token from its own exec, all started together.", "",
+                  "| model | N at once | median (s) | slowest (s) | slowest / median of N=1 | restored | fallbacks |",
+                  "|---|---|---|---|---|---|---|"]
+        for size in dict.fromkeys(r["model"] for r in conc):
+            one = med(r["first_token_from_exec_s"] for r in conc if r["model"] == size and r["n"] == 1)
+            for n in sorted({r["n"] for r in conc if r["model"] == size}):
+                sel = [r for r in conc if r["model"] == size and r["n"] == n]
+                xs = [r["first_token_from_exec_s"] for r in sel if r["first_token_from_exec_s"] is not None]
+                worst = max(xs) if xs else float("nan")
+                lines.append(f"| {size} | {n} | {med(xs):.3f} | {worst:.3f} | {worst / one:.2f}× | "
+                             f"{sum(r['restored'] for r in sel)}/{len(sel)} | {sum(bool(r['fallback']) for r in sel)} |")
+    return "\n".join(lines) + "\n"
+
+
 def register(bench: typer.Typer) -> None:
+    bench.command("artifact")(bench_artifact)
     bench.command("reload")(bench_reload)
     bench.command("restore")(bench_restore)

@@ -35,7 +35,7 @@ from coldstart.pipeline.checkpoint import port_free, reload_weights
 from coldstart.pipeline.events import EventName, Timeline
 from coldstart.pipeline.manifest import Manifest, read_manifest, validate_against_host
 from coldstart.pipeline.netns import Forwarder, wrap_argv
-from coldstart.pipeline.snapshots import write_owner
+from coldstart.pipeline.snapshots import gc_restore_dirs, write_owner
 from coldstart.state import restores_dir, state_dir
 
 
@@ -171,7 +171,14 @@ class _BackgroundWarm:
     def _run(self, paths: list[Path], kw: dict) -> None:
         try:
             from coldstart.warm import start_warming  # type: ignore[attr-defined]
+            from coldstart.warm.residency import sampled_resident_fraction
 
+            if ("mode" not in kw and kw.get("record") != "force"  # (warming not asked for explicitly)
+                    and all(sampled_resident_fraction(p) >= 0.99 for p in paths)):
+                # all in the page cache already (another restore of this snapshot just ran): reading it
+                # again would only take CPU from this restore and any beside it
+                self._tl.mark(EventName.WARM_START, files=len(paths), mode="skipped: already in the page cache")
+                return
             self.warmer = start_warming(paths, **kw)
             plan = getattr(self.warmer, "plan", None)
             self._tl.mark(EventName.WARM_START, files=len(paths), mode=self.warmer.mode,
@@ -250,6 +257,10 @@ def _validate(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) 
     warnings: list[str] = []
     problems += [p for p in validate_against_host(m, snap, host=host, verify=False, warnings=warnings)
                  if not (criu is None and p.startswith("criu:"))]
+    if criu is not None and any(w.startswith("kernel:") for w in warnings):
+        bad = _criu.kernel_check(criu)  # another kernel build: it must still have what CRIU needs
+        if bad:
+            problems.append(f"kernel: `criu check` on {host.kernel} fails: {bad}")
     if problems:
         raise RestoreFailed("snapshot does not fit this host: " + "; ".join(problems))
     for w in warnings:
@@ -330,6 +341,7 @@ def _place_state(snap: Path, m: Manifest, opts: RestoreOptions, undo: contextlib
     can hold the snapshot's port (a lock per host port: concurrent restores must not race for it),
     else a private namespace."""
     restores_dir().mkdir(parents=True, exist_ok=True)
+    gc_restore_dirs()
     d = Path(tempfile.mkdtemp(prefix=f"{snap.name}-{os.getpid()}-", dir=restores_dir()))
     for sub in ("run-upper", "run-work", "criu"):
         (d / sub).mkdir()
@@ -405,6 +417,7 @@ def _criu_restore(criu: str, snap: Path, m: Manifest, st: RestoreState, tl: Time
         popen.wait()
         raise RestoreFailed("criu restored no process tree (nothing under criu in the new PID namespace)")
     tl.mark(EventName.RESTORE_DONE, pid=root_pid)
+    write_owner(st.dir, snap, server_pid=root_pid)
     spec = EngineSpec(model=Path(m.model), run_dir=st.dir / "run-upper", port=m.port, host=m.host_addr,
                       sleep_mode=m.asleep or bool(m.weights), extra_args=list(m.engine_args), device=m.device,
                       served_model_name=m.served_model_name)

@@ -32,8 +32,24 @@ class SnapshotInfo:
     users: list[int] = field(default_factory=list)  # PIDs mapping its files or restoring from it
 
 
-def write_owner(restore_dir: Path, snapshot: Path) -> None:
-    (restore_dir / OWNER).write_text(json.dumps({"snapshot": str(snapshot.resolve()), "pid": os.getpid()}))
+def write_owner(restore_dir: Path, snapshot: Path, server_pid: int = 0) -> None:
+    (restore_dir / OWNER).write_text(json.dumps({"snapshot": str(snapshot.resolve()), "pid": os.getpid(),
+                                                 "server_pid": server_pid}))
+
+
+def gc_restore_dirs() -> list[Path]:
+    """Remove the state dirs of restores whose entrypoint and server are both gone (a restore with
+    --no-serve leaves its server running on its dir, so the entrypoint's exit alone is no reason)."""
+    removed = []
+    for owner in (restores_dir().glob("*/" + OWNER) if restores_dir().is_dir() else []):
+        try:
+            o = json.loads(owner.read_text())
+        except (OSError, ValueError):
+            continue
+        if not any(_alive(int(o.get(k) or 0)) for k in ("pid", "server_pid") if int(o.get(k) or 0) > 0):
+            shutil.rmtree(owner.parent, ignore_errors=True)
+            removed.append(owner.parent)
+    return removed
 
 
 def _alive(pid: int) -> bool:
