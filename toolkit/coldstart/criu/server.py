@@ -176,6 +176,6 @@ def restore_argv(criu: str, images: Path, work_dir: Path, mmap_pages: bool) -> l
     notify = work_dir / "notify.sh"
     notify.write_text(NOTIFY_SCRIPT)
     notify.chmod(0o755)
-    opts = RestoreOptions(mmap_pages=0 if mmap_pages else None, detach=False, log_level=4,
+    opts = RestoreOptions(mmap_pages=0 if mmap_pages else None, detach=False, log_level=2,
                           extra_args=["--link-remap", *plugin_args()])
     return stage_restore_argv(Path(criu), images, work_dir, opts)
