@@ -214,3 +214,23 @@ def test_checkpoint_killed_leaves_nothing(tiny_model_dir, tmp_path, kill_at):
         time.sleep(0.5)
     assert not out.exists()
     assert not _strays(port), [" ".join(psutil.Process(x).cmdline()) for x in _strays(port)]
+
+
+def test_snapshot_rm_refuses_while_a_restore_maps_it(snapshot, snapshot_copy):
+    from coldstart.errors import ColdstartError
+    from coldstart.pipeline import snapshots
+
+    _, m = snapshot
+    snap = snapshot_copy()
+    res = restore(RestoreOptions(snapshot=snap, fallback=False, port=free_port()), say=lambda s: None)
+    try:
+        assert res.restored
+        (found,) = snapshots.find([snap])
+        assert found.state == "in use" and found.users, found
+        with pytest.raises(ColdstartError, match="in use"):
+            snapshots.remove(snap)
+    finally:
+        res.stop()
+    assert snapshots.find([snap])[0].state == "ready"
+    snapshots.remove(snap)
+    assert not snap.exists()
