@@ -301,19 +301,22 @@ def _drop_caches() -> None:
 
 
 def _kill_restored(pid: int, timeout: float = 30.0) -> None:
-    """SIGKILL a restored root; CRIU (its parent, init of its PID namespace) exits and the namespace
-    goes with it. Waits until the process is gone."""
-    import signal
-
+    """End a restored server's whole PID namespace: SIGKILL its init (CRIU, the root's parent); the
+    kernel kills everything in it (killing the root alone leaves EngineCore and the worker behind).
+    Waits until the root is gone."""
     import psutil
 
     try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
+        init = psutil.Process(pid).parent()
+        procs = [init, psutil.Process(pid)] if init is not None and "criu" in init.name() else [psutil.Process(pid)]
+    except psutil.NoSuchProcess:
         return
-    deadline = time.monotonic() + timeout
-    while psutil.pid_exists(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=timeout)
     time.sleep(0.3)
 
 

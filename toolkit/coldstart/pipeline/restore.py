@@ -222,15 +222,21 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) -
     with contextlib.ExitStack() as undo:
         criu = _validate(snap, m, opts, tl, say)
         checks = _start_verify(snap, m, opts, tl)
-        warmer = _start_warming(snap, m, tl, opts) if opts.warm and opts.warm_mode != "off" else None
-        if warmer is not None:
-            undo.callback(warmer.cancel)
-        st = _place_state(snap, m, opts, undo)
-        eng = _criu_restore(criu, snap, m, st, tl, checks, undo, opts.timeout)
-        base_url, fwd = _connect(eng, m, st, opts, undo)
-        client = _wait_server(eng, base_url, opts, tl, m, say)
-        _wake_and_reload(client, snap, m, opts, tl, warmer is not None)
-        text = _canary(client, m, tl, checks)
+        try:
+            warmer = _start_warming(snap, m, tl, opts) if opts.warm and opts.warm_mode != "off" else None
+            if warmer is not None:
+                undo.callback(warmer.cancel)
+            st = _place_state(snap, m, opts, undo)
+            eng = _criu_restore(criu, snap, m, st, tl, undo, opts.timeout)
+            base_url, fwd = _connect(eng, m, st, opts, undo)
+            client = _wait_server(eng, base_url, opts, tl, m, say)
+            _wake_and_reload(client, snap, m, opts, tl, warmer is not None)
+            text = _canary(client, m, tl, checks)
+        except RestoreFailed as e:
+            bad = checks.failure(timeout=60)  # a damaged file: name it, not the symptom it caused
+            if bad:
+                raise RestoreFailed(bad) from e
+            raise
         tl.mark(EventName.FIRST_TOKEN)
         tl.mark(EventName.READY, url=base_url, pid=eng.root_pid)
         undo.pop_all()  # from here on the result owns the server
@@ -273,8 +279,10 @@ class _Checks:
 
     def __init__(self, snap: Path, m: Manifest, mode: str, tl: Timeline):
         self.snap, self.files, self.mode, self.tl = snap, m.files, mode, tl
-        big = {rel for rel in m.files if rel.startswith("criu/pages-") or rel == m.weights.get("flat")}
         used = {rel for rel in m.files if not rel.startswith("checkpoint-logs/")}
+        # before CRIU runs: its metadata images (a few MB), so a damaged one is named before CRIU
+        # trips over it; the rest (pages, weights, run/, shm/) beside the restore
+        big = {rel for rel in used if not rel.startswith("criu/") or rel.startswith("criu/pages-")}
         self.t0 = time.monotonic()
         self.small = integrity.verify(snap, {r: m.files[r] for r in used - big}, mode)
         self._big = {r: m.files[r] for r in big}
@@ -373,7 +381,7 @@ def _claim_port(addr: str, port: int):
     return f
 
 
-def _criu_restore(criu: str, snap: Path, m: Manifest, st: RestoreState, tl: Timeline, checks: _Checks,
+def _criu_restore(criu: str, snap: Path, m: Manifest, st: RestoreState, tl: Timeline,
                   undo: contextlib.ExitStack, timeout: float):
     """CRIU restores the tree in its namespaces (netns.wrap_argv); returns the attached engine."""
     from coldstart.engine.launcher import EngineProcess, EngineSpec
@@ -398,8 +406,7 @@ def _criu_restore(criu: str, snap: Path, m: Manifest, st: RestoreState, tl: Time
     while not restored_flag.exists():
         if popen.poll() is not None:
             errf.seek(0)
-            bad = checks.failure(timeout=30)  # a damaged image: name the file, not CRIU's symptom
-            raise RestoreFailed(bad or f"criu restore failed (log {log}): "
+            raise RestoreFailed(f"criu restore failed (log {log}): "
                                 f"{_criu._log_tail(log) or errf.read().strip()[-300:]}")
         if time.monotonic() > deadline:
             popen.kill()
@@ -542,9 +549,13 @@ def _port_free(host: str, port: int) -> bool:
 
 
 def serve(res: RestoreResult) -> int:
-    """Stay the server's parent: forward SIGTERM/SIGINT/SIGHUP to it, return its exit status."""
+    """Stay the server's parent: forward SIGTERM/SIGINT/SIGHUP to it, return its exit status.
+
+    If the server's root process dies abruptly, vLLM's EngineCore and worker live on in the
+    namespace (CRIU, its init, keeps them): after a grace period the namespace is ended."""
     eng = res.engine
-    pid = eng.popen.pid if getattr(eng, "popen", None) is not None else eng.root_pid
+    popen = getattr(eng, "popen", None)
+    pid = popen.pid if popen is not None else eng.root_pid
 
     def forward(signum, _frame):
         try:
@@ -554,13 +565,26 @@ def serve(res: RestoreResult) -> int:
 
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, forward)
+    root_gone_at = None
     while True:
         try:
-            _, status = os.waitpid(pid, 0)
-            return os.waitstatus_to_exitcode(status)
-        except ChildProcessError:  # not our child (should not happen with the subreaper): poll
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:  # not our child: poll the root
             while eng.alive():
                 time.sleep(0.5)
             return 0
-        except InterruptedError:
-            continue
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if popen is not None and not _alive(eng.root_pid):
+            root_gone_at = root_gone_at or time.monotonic()
+            if time.monotonic() - root_gone_at > 10:
+                popen.kill()  # unshare --kill-child takes CRIU, the namespace's init, and all in it
+        time.sleep(0.2)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False

@@ -1,0 +1,64 @@
+"""The digest checks alone (pipeline/integrity.py): no vLLM, no criu."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from coldstart.pipeline import integrity
+from coldstart.pipeline.manifest import FileEntry
+
+CH = integrity.CHUNK
+
+
+def _entry(p: Path) -> FileEntry:
+    d = integrity.file_digests(p)
+    return FileEntry(size=p.stat().st_size, xxh3=d.xxh3, chunks=list(d.chunks))
+
+
+def test_a_flipped_byte_is_named_by_file_and_chunk(tmp_path):
+    p = tmp_path / "pages-1.img"
+    p.write_bytes(os.urandom(3 * CH + 123))
+    fe = _entry(p)
+    assert len(fe.chunks) == 4
+    integrity.check_file(p, "criu/pages-1.img", fe.size, fe.chunks)
+    with open(p, "r+b") as f:
+        f.seek(2 * CH + 7)
+        b = f.read(1)
+        f.seek(2 * CH + 7)
+        f.write(bytes([b[0] ^ 1]))
+    with pytest.raises(integrity.IntegrityError, match=r"criu/pages-1.img: chunk 2 \(bytes"):
+        integrity.check_file(p, "criu/pages-1.img", fe.size, fe.chunks)
+
+
+def test_sparse_files_check_their_holes_without_reading(tmp_path):
+    p = tmp_path / "psm_1"
+    with open(p, "wb") as f:
+        f.truncate(8 * CH)
+        f.seek(5 * CH + 10)
+        f.write(b"data")
+    fe = _entry(p)
+    integrity.check_file(p, "shm/psm_1", fe.size, fe.chunks)
+    assert integrity._is_hole(os.open(p, os.O_RDONLY), 0, CH)
+    fe.chunks[0] = "0" * 16  # a hole whose digest does not match zeros is still caught
+    with pytest.raises(integrity.IntegrityError, match="chunk 0"):
+        integrity.check_file(p, "shm/psm_1", fe.size, fe.chunks)
+
+
+def test_the_node_record_is_dropped_by_any_write(tmp_path):
+    snap = tmp_path / "snap"
+    snap.mkdir()
+    (snap / "weights.flat").write_bytes(os.urandom(CH + 5))
+    files = {"weights.flat": _entry(snap / "weights.flat")}
+    rec = integrity.NodeRecord(tmp_path / "state")
+    assert integrity.verify(snap, files, "auto", record=rec)["checked"] == 1
+    assert integrity.verify(snap, files, "auto", record=rec)["skipped"] == 1  # verified before: skipped
+    assert integrity.verify(snap, files, "full", record=rec)["checked"] == 1
+    with open(snap / "weights.flat", "r+b") as f:  # same size, one byte, in place
+        b = f.read(1)
+        f.seek(0)
+        f.write(bytes([b[0] ^ 1]))
+    with pytest.raises(integrity.IntegrityError, match="weights.flat: chunk 0"):
+        integrity.verify(snap, files, "auto", record=rec)
+    assert integrity.verify(snap, files, "off", record=rec)["checked"] == 0
