@@ -22,14 +22,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from coldstart.errors import ColdstartError
-from coldstart.fsutil import fsync_tree
 from coldstart.criu import server as _criu
-from coldstart.pipeline import hostfacts
-from coldstart.pipeline.integrity import NodeRecord
+from coldstart.errors import ColdstartError
+from coldstart.fsutil import fsync_dir, fsync_tree
 from coldstart.pipeline import canary as canary_mod
+from coldstart.pipeline import hostfacts
 from coldstart.pipeline.events import EventName, Timeline
-from coldstart.fsutil import fsync_dir
+from coldstart.pipeline.integrity import NodeRecord
 from coldstart.pipeline.manifest import (ENGINE_RUN_DIR, MANIFEST_NAME, Manifest, code_digest, inventory,
                                          sparse_copy, tree_digest, write_manifest)
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from coldstart.errors import ColdstartError
+from coldstart.pipeline.integrity import file_digests
 
 SCHEMA_VERSION = 2  # 2: canonical run dir, per-chunk digests, run/ part of the immutable snapshot
 MANIFEST_NAME = "manifest.json"
@@ -148,8 +149,6 @@ def inventory(snapshot_dir: Path, digests: bool = True) -> dict[str, FileEntry]:
     """Size, mode and digests (whole file and per chunk) of every regular file in the snapshot,
     manifest.json excluded. run/ is included: it is the template every restore mounts (read-only
     lower layer) at the engine's run dir, as immutable as the images."""
-    from coldstart.pipeline.integrity import file_digests
-
     out: dict[str, FileEntry] = {}
     for p in sorted(Path(snapshot_dir).rglob("*")):
         if not p.is_file() or p.is_symlink():

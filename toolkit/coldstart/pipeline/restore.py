@@ -232,7 +232,7 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) -
             client = _wait_server(eng, base_url, opts, tl, m, say)
             _wake_and_reload(client, snap, m, opts, tl, warmer is not None)
             text = _canary(client, m, tl, checks)
-        except RestoreFailed as e:
+        except Exception as e:  # noqa: BLE001 - re-raised unless a damaged file explains it
             bad = checks.failure(timeout=60)  # a damaged file: name it, not the symptom it caused
             if bad:
                 raise RestoreFailed(bad) from e
@@ -273,27 +273,29 @@ def _validate(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) 
 
 
 class _Checks:
-    """Digest checks of the snapshot (integrity.py): the small files CRIU reads at once, before it
-    runs; the pages images and the weights on a thread beside the restore, joined before serving.
-    (The thread only reads: a failed restore leaves it to end on its own.)"""
+    """Digest checks of the snapshot (integrity.py) on a thread beside the restore, joined before
+    serving: CRIU's metadata images first (a few MB: a damaged one is found before CRIU is far), then
+    the rest. A failed phase asks ``failure()`` first, so the reason names the damaged file rather
+    than the symptom it caused. (The thread only reads: a failed restore leaves it to end.)"""
 
     def __init__(self, snap: Path, m: Manifest, mode: str, tl: Timeline):
-        self.snap, self.files, self.mode, self.tl = snap, m.files, mode, tl
-        used = {rel for rel in m.files if not rel.startswith("checkpoint-logs/")}
-        # before CRIU runs: its metadata images (a few MB), so a damaged one is named before CRIU
-        # trips over it; the rest (pages, weights, run/, shm/) beside the restore
-        big = {rel for rel in used if not rel.startswith("criu/") or rel.startswith("criu/pages-")}
+        self.snap, self.mode, self.tl = snap, mode, tl
+        used = {rel: fe for rel, fe in m.files.items() if not rel.startswith("checkpoint-logs/")}
+        meta = {rel for rel in used if rel.startswith("criu/") and not rel.startswith("criu/pages-")}
+        self._groups = [{r: used[r] for r in meta}, {r: fe for r, fe in used.items() if r not in meta}]
         self.t0 = time.monotonic()
-        self.small = integrity.verify(snap, {r: m.files[r] for r in used - big}, mode)
-        self._big = {r: m.files[r] for r in big}
+        self.seconds = 0.0
         self._error: BaseException | None = None
-        self._stats: dict = {}
+        self._stats = {"checked": 0, "skipped": 0, "bytes": 0}
         self._t = threading.Thread(target=self._run, name="coldstart-verify", daemon=True)
         self._t.start()
 
     def _run(self) -> None:
         try:
-            self._stats = integrity.verify(self.snap, self._big, self.mode)
+            for files in self._groups:
+                st = integrity.verify(self.snap, files, self.mode)
+                for k in self._stats:
+                    self._stats[k] += st.get(k, 0)
         except BaseException as e:  # noqa: BLE001 - reported by join()
             self._error = e
         finally:
@@ -309,16 +311,14 @@ class _Checks:
         self._t.join()
         if self._error is not None:
             raise RestoreFailed(str(self._error)) from self._error
-        st = {k: self.small.get(k, 0) + self._stats.get(k, 0) for k in ("checked", "skipped", "bytes")}
-        self.tl.mark("VERIFIED", mode=self.mode, seconds=round(self.seconds, 3), **st)
+        self.tl.mark("VERIFIED", mode=self.mode, seconds=round(self.seconds, 3), **self._stats)
 
 
 def _start_verify(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline) -> _Checks:
     mode = opts.verify if isinstance(opts.verify, str) else ("full" if opts.verify else "auto")
-    try:
-        return _Checks(snap, m, mode, tl)
-    except integrity.IntegrityError as e:
-        raise RestoreFailed(str(e)) from e
+    if mode not in integrity.VERIFY_MODES:
+        raise RestoreFailed(f"unknown verify mode {mode!r} (expected one of {', '.join(integrity.VERIFY_MODES)})")
+    return _Checks(snap, m, mode, tl)
 
 
 @dataclass
