@@ -220,14 +220,17 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) -
     """The phases, in order; each marks its timeline event and raises RestoreFailed naming the
     problem. ``undo`` unwinds what the phases started if a later one fails."""
     with contextlib.ExitStack() as undo:
-        criu = _validate(snap, m, opts, tl, say)
+        criu, mmap = _validate(snap, m, opts, tl, say)
+        st = _place_state(snap, m, opts, undo)
+        # Every program this process runs is started before its threads: an exec from a vfork'd
+        # child while other threads ran failed once in ~120 restores ("Bad address").
+        popen = _criu_start(criu, mmap, snap, m, st, tl, undo)
         checks = _start_verify(snap, m, opts, tl)
         try:
             warmer = _start_warming(snap, m, tl, opts) if opts.warm and opts.warm_mode != "off" else None
             if warmer is not None:
                 undo.callback(warmer.cancel)
-            st = _place_state(snap, m, opts, undo)
-            eng = _criu_restore(criu, snap, m, st, tl, undo, opts.timeout)
+            eng = _criu_wait(popen, snap, m, st, tl, undo, opts.timeout)
             base_url, fwd = _connect(eng, m, st, opts, undo)
             client = _wait_server(eng, base_url, opts, tl, m, say)
             _wake_and_reload(client, snap, m, opts, tl, warmer is not None)
@@ -248,8 +251,9 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) -
                          manifest=m, text=text, forwarder=fwd, state=st)
 
 
-def _validate(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) -> str:
-    """The manifest against this host: every problem named at once; warnings go to the timeline."""
+def _validate(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) -> tuple[str, bool]:
+    """The manifest against this host: every problem named at once; warnings go to the timeline.
+    Returns the criu binary and whether it maps pages (our patch)."""
     problems: list[str] = []
     try:
         criu = _criu.find(m.criu_variant)
@@ -268,8 +272,10 @@ def _validate(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) 
         raise RestoreFailed("snapshot does not fit this host: " + "; ".join(problems))
     for w in warnings:
         say(f"warning: {w}")
+    mmap = _criu.supports_mmap_pages(criu)
+    _criu.ensure_kerndat(criu)  # criu in a PID namespace without its own /proc needs the cached facts
     tl.mark(EventName.MANIFEST_OK, **({"warnings": "; ".join(warnings)} if warnings else {}))
-    return criu
+    return criu, mmap
 
 
 class _Checks:
@@ -381,14 +387,10 @@ def _claim_port(addr: str, port: int):
     return f
 
 
-def _criu_restore(criu: str, snap: Path, m: Manifest, st: RestoreState, tl: Timeline,
-                  undo: contextlib.ExitStack, timeout: float):
-    """CRIU restores the tree in its namespaces (netns.wrap_argv); returns the attached engine."""
-    from coldstart.engine.launcher import EngineProcess, EngineSpec
-
-    mmap = _criu.supports_mmap_pages(criu)
+def _criu_start(criu: str, mmap: bool, snap: Path, m: Manifest, st: RestoreState, tl: Timeline,
+                undo: contextlib.ExitStack) -> subprocess.Popen:
+    """Start CRIU restoring the tree in its namespaces (netns.wrap_argv)."""
     argv = _criu.restore_argv(criu, snap / "criu", st.criu_dir, mmap_pages=mmap)
-    _criu.ensure_kerndat(criu)  # criu in a PID namespace without its own /proc needs the cached facts
     shm = {snap / "shm" / n: m.shm_modes.get(n, 0o600) for n in m.shm_files if (snap / "shm" / n).exists()}
     if (snap / "link-remaps").is_dir():
         shm.update({p: m.shm_modes.get(p.name, 0o600) for p in sorted((snap / "link-remaps").iterdir())})
@@ -396,11 +398,21 @@ def _criu_restore(criu: str, snap: Path, m: Manifest, st: RestoreState, tl: Time
                      run_at=m.run_dir, shm=shm, private_net=st.net == "private",
                      run_modes={rel: m.files[f"run/{rel}"].mode for rel in m.run_files if f"run/{rel}" in m.files})
     tl.mark(EventName.RESTORE_ISSUED, mmap_pages=mmap, net=st.net)
-    restored_flag = st.dir / "restored"
-    env = dict(os.environ, COLDSTART_RESTORED_FILE=str(restored_flag))
+    env = dict(os.environ, COLDSTART_RESTORED_FILE=str(st.dir / "restored"))
     errf = open(st.dir / "criu.stderr", "w+")
     undo.callback(errf.close)
     popen = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=errf, stderr=errf, cwd=st.dir)
+    popen.errf = errf
+    undo.callback(lambda: popen.poll() is None and (popen.kill(), popen.wait()))
+    return popen
+
+
+def _criu_wait(popen: subprocess.Popen, snap: Path, m: Manifest, st: RestoreState, tl: Timeline,
+               undo: contextlib.ExitStack, timeout: float):
+    """Wait until CRIU has resumed the tree; returns the attached engine."""
+    from coldstart.engine.launcher import EngineProcess, EngineSpec
+
+    restored_flag, errf = st.dir / "restored", popen.errf
     deadline = time.monotonic() + timeout
     log = st.criu_dir / "restore.log"
     while not restored_flag.exists():
