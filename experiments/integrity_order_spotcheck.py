@@ -9,14 +9,15 @@ import statistics
 import sys
 from pathlib import Path
 
-from coldstart.pipeline.bench import _drop_caches, restore_from_exec
+from coldstart.criu.bench import drop_caches
+from coldstart.pipeline.bench import restore_from_exec
 
 snap, reps = Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 4
 rows = []
 for rep in range(reps):
     order = ["recorded", "off"] if rep % 2 == 0 else ["off", "recorded"]
     for pos, vm in enumerate(order):
-        _drop_caches()
+        drop_caches()
         r = restore_from_exec(snap, ["--no-verify"] if vm == "off" else [])
         rows.append({"variant": vm, "rep": rep, "position": pos, **r})
         print(json.dumps(rows[-1]), flush=True)

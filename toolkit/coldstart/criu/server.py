@@ -21,6 +21,7 @@ from pathlib import Path
 from coldstart.criu.dump import DumpOptions, dump_argv
 from coldstart.criu.restore import NOTIFY_SCRIPT, RestoreOptions, restore_argv as stage_restore_argv
 from coldstart.errors import ColdstartError
+from coldstart.procutil import die_with_parent
 
 GHOST_LIMIT = "512M"  # deleted temp files of a vLLM tree are copied into the image up to this size
 
@@ -69,9 +70,9 @@ def remap_lock():
     """Host-wide lock around CRIU's use of /dev/shm/link_remap.<id> files.
 
     Why: CRIU names a link remap after the file's id in the image, and two vLLM trees have the same
-    ids, so two dumps at once (or a dump beside a host-mode restore, which puts the saved remaps
-    back) collide ("Can't link remap ...: File exists"). Held from before the dump until its remaps
-    are saved and removed, and in a restore from putting them back until CRIU has used them."""
+    ids, so two dumps at once collide in the host's /dev/shm ("Can't link remap ...: File exists").
+    Held from before the dump until its remaps are saved and removed. (Restores put theirs back in
+    a private /dev/shm and need no lock.)"""
     import fcntl
 
     d = Path("/run/lock") if Path("/run/lock").is_dir() else Path(tempfile.gettempdir())
@@ -146,7 +147,7 @@ def dump(criu: str, pid: int, images: Path, log_dir: Path, timeout: float = 600,
         argv = [shutil.which("nsenter") or "nsenter", f"--mount=/proc/{pid}/ns/mnt", "--", *argv]
     for attempt in range(4):
         try:
-            r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, preexec_fn=_die_with_parent)
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, preexec_fn=die_with_parent)
         except (OSError, subprocess.TimeoutExpired) as e:
             raise ColdstartError(f"criu dump of pid {pid} could not run: {e}") from e
         # a link_remap.<id> left by someone else's dump or restore: a failed dump leaves the tree
@@ -156,14 +157,6 @@ def dump(criu: str, pid: int, images: Path, log_dir: Path, timeout: float = 600,
         time.sleep(5)
     if r.returncode != 0:
         raise ColdstartError(f"criu dump of pid {pid} failed (log {log}): {_log_tail(log) or r.stderr.strip()[-300:]}")
-
-
-def _die_with_parent() -> None:
-    """A dump whose checkpoint was killed must not go on (PR_SET_PDEATHSIG, kept across exec)."""
-    import ctypes
-    import signal
-
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)
 
 
 def restore_argv(criu: str, images: Path, work_dir: Path, mmap_pages: bool) -> list[str]:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from coldstart.errors import ColdstartError
+from coldstart.procutil import die_with_parent
 
 SLEEP_WORKER = "coldstart.engine.sleep_worker.SleepCPUWorker"
 GPU_WORKER = "coldstart.engine.gpu_worker.ColdstartGPUWorker"  # unverified on GPU
@@ -321,12 +322,6 @@ def _last_error_line(tail: str) -> str:
     return pick[-300:]
 
 
-def _die_with_parent() -> None:
-    import ctypes
-
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG; kept across exec
-
-
 def bind_run_dir_argv(host_dir: Path, seen_at: Path, argv: list[str]) -> list[str]:
     """``argv`` in a private mount namespace where ``host_dir`` is bind-mounted at ``seen_at`` (the
     same process: unshare and sh exec into it, so its PID is the launcher's child's)."""
@@ -360,7 +355,7 @@ def start_engine(spec: EngineSpec, new_pidns: bool = True, log_mode: str = "w") 
     try:
         popen = subprocess.Popen(argv, env=spec.full_env(), stdin=subprocess.DEVNULL, stdout=log,
                                  stderr=subprocess.STDOUT, start_new_session=True, cwd=spec.run_dir,
-                                 preexec_fn=_die_with_parent if spec.die_with_parent else None)
+                                 preexec_fn=die_with_parent if spec.die_with_parent else None)
     except OSError as e:
         log.close()
         raise ColdstartError(f"cannot start the vLLM server ({argv[0]}): {e}") from e

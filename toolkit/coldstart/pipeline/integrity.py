@@ -145,33 +145,23 @@ class NodeRecord:
 
 
 def verify(snapshot_dir: Path, files: dict, mode: str = "auto", threads: int = 2,
-           only: "callable | None" = None, record: NodeRecord | None = None) -> dict:
+           record: NodeRecord | None = None) -> dict:
     """Check the files of a snapshot (``files``: rel -> FileEntry with ``chunks``) against their
     digests. ``mode`` auto: skip files this node has verified unchanged; full: check every file;
-    off: nothing. ``only(rel)`` picks a subset. Raises IntegrityError on the first bad file.
+    off: nothing. Raises IntegrityError on the first bad file.
     Returns {"checked": n, "skipped": n, "bytes": n} for the timeline."""
     if mode not in VERIFY_MODES:
         raise ColdstartError(f"unknown verify mode {mode!r} (expected one of {', '.join(VERIFY_MODES)})")
-    stats = {"checked": 0, "skipped": 0, "bytes": 0, "unchunked": 0}
+    stats = {"checked": 0, "skipped": 0, "bytes": 0}
     if mode == "off":
         return stats
     record = record or NodeRecord()
     for rel, fe in sorted(files.items(), key=lambda kv: kv[1].size):  # small files first: fail fast
-        if only is not None and not only(rel):
-            continue
         path = Path(snapshot_dir) / rel
-        chunks = list(getattr(fe, "chunks", []) or [])
-        if not chunks and fe.size:  # a snapshot made before chunk digests: the whole-file digest
-            stats["unchunked"] += 1
-            if mode == "auto" and record.has(path, fe.xxh3, []):
-                stats["skipped"] += 1
-                continue
-            if file_digests(path).xxh3 != fe.xxh3:
-                raise IntegrityError(f"file {rel}: content digest differs from the manifest (corrupt)")
-            record.add(path, fe.xxh3, [])
-            stats["checked"] += 1
-            stats["bytes"] += fe.size
-            continue
+        chunks = list(fe.chunks)
+        if len(chunks) != -(-fe.size // CHUNK):  # (schema 2 writes one per CHUNK: never vacuous)
+            raise IntegrityError(f"file {rel}: the manifest has {len(chunks)} chunk digests for "
+                                 f"{fe.size} bytes (expected {-(-fe.size // CHUNK)})")
         if mode == "auto" and record.has(path, fe.xxh3, chunks):
             stats["skipped"] += 1
             continue

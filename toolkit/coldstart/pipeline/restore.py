@@ -1,12 +1,12 @@
 """``coldstart restore [DIR]``: the container entrypoint. Restore the snapshot, prove it with the
 canary, serve; on any failure before serving, say why on one line and cold-boot the same model.
 
-The phases (``_restore``, DESIGN.md): validate the manifest against this host → check digests
-(integrity.py: small files now, the big ones on a thread, joined before serving) → start page-cache
-warming → place this restore's writable state (its own directory, run-dir overlay, /dev/shm, network:
-netns.py) → CRIU restore (patched criu maps pages-*.img instead of copying) → wait for /health →
-wake weights → reload them in place through our loader → wake the KV cache → the canary must give
-the recorded answer → serve. Nothing is written inside the snapshot: it may be read-only, moved, and
+The phases (``_restore``, DESIGN.md): validate the manifest against this host → place this
+restore's writable state (its own directory, run-dir overlay, /dev/shm, network: netns.py) → start
+CRIU (patched criu maps pages-*.img instead of copying) → check digests (integrity.py, on a thread,
+joined before serving) and warm the page cache beside it → wait for CRIU, then /health → wake
+weights → reload them in place through our loader → wake the KV cache → the canary must give the
+recorded answer → serve. Nothing is written inside the snapshot: it may be read-only, moved, and
 restored by several replicas at once.
 
 CRIU stays the restored tree's parent and our child: the entrypoint forwards SIGTERM/SIGINT to the
@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from coldstart.criu import server as _criu
+from coldstart.criu.restore import alive
 from coldstart.errors import ColdstartError
 from coldstart.pipeline import hostfacts, integrity
 from coldstart.pipeline.canary import check as check_canary
@@ -130,7 +131,7 @@ def fall_back(reason: str, m: Manifest | None, opts: RestoreOptions, tl: Timelin
         raise ColdstartError(f"restore failed ({reason}) and there is no model to cold-boot "
                              "(pass --model)")
     port = opts.port or (m.port if m else 8000)
-    if not _port_free("127.0.0.1", port):
+    if not port_free("127.0.0.1", port):
         port = _free_port()
         say(f"port busy: the cold boot listens on {port}")
     eng, comp = cold_start(model, port=port, engine_args=m.engine_args if m else [], timeline=tl,
@@ -381,7 +382,7 @@ def _claim_port(addr: str, port: int):
     except BlockingIOError:
         f.close()
         return None
-    if not _port_free(addr, port):
+    if not port_free(addr, port):
         f.close()
         return None
     return f
@@ -399,10 +400,8 @@ def _criu_start(criu: str, mmap: bool, snap: Path, m: Manifest, st: RestoreState
                      run_modes={rel: m.files[f"run/{rel}"].mode for rel in m.run_files if f"run/{rel}" in m.files})
     tl.mark(EventName.RESTORE_ISSUED, mmap_pages=mmap, net=st.net)
     env = dict(os.environ, COLDSTART_RESTORED_FILE=str(st.dir / "restored"))
-    errf = open(st.dir / "criu.stderr", "w+")
-    undo.callback(errf.close)
-    popen = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=errf, stderr=errf, cwd=st.dir)
-    popen.errf = errf
+    with open(st.dir / "criu.stderr", "w") as errf:  # the child keeps its own copy of the fd
+        popen = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=errf, stderr=errf, cwd=st.dir)
     undo.callback(lambda: popen.poll() is None and (popen.kill(), popen.wait()))
     return popen
 
@@ -412,14 +411,13 @@ def _criu_wait(popen: subprocess.Popen, snap: Path, m: Manifest, st: RestoreStat
     """Wait until CRIU has resumed the tree; returns the attached engine."""
     from coldstart.engine.launcher import EngineProcess, EngineSpec
 
-    restored_flag, errf = st.dir / "restored", popen.errf
+    restored_flag = st.dir / "restored"
     deadline = time.monotonic() + timeout
     log = st.criu_dir / "restore.log"
     while not restored_flag.exists():
         if popen.poll() is not None:
-            errf.seek(0)
-            raise RestoreFailed(f"criu restore failed (log {log}): "
-                                f"{_criu._log_tail(log) or errf.read().strip()[-300:]}")
+            stderr = (st.dir / "criu.stderr").read_text(errors="replace").strip()
+            raise RestoreFailed(f"criu restore failed (log {log}): {_criu._log_tail(log) or stderr[-300:]}")
         if time.monotonic() > deadline:
             popen.kill()
             popen.wait()
@@ -556,10 +554,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _port_free(host: str, port: int) -> bool:
-    return port_free(host, port)
-
-
 def serve(res: RestoreResult) -> int:
     """Stay the server's parent: forward SIGTERM/SIGINT/SIGHUP to it, return its exit status.
 
@@ -587,16 +581,9 @@ def serve(res: RestoreResult) -> int:
             return 0
         if done:
             return os.waitstatus_to_exitcode(status)
-        if popen is not None and not _alive(eng.root_pid):
+        if popen is not None and not alive(eng.root_pid):
             root_gone_at = root_gone_at or time.monotonic()
             if time.monotonic() - root_gone_at > 10:
                 popen.kill()  # unshare --kill-child takes CRIU, the namespace's init, and all in it
         time.sleep(0.2)
 
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False

@@ -14,6 +14,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from coldstart.criu.restore import alive
 from coldstart.errors import ColdstartError
 from coldstart.pipeline import integrity
 from coldstart.pipeline.manifest import MANIFEST_NAME, read_manifest
@@ -46,20 +47,10 @@ def gc_restore_dirs() -> list[Path]:
             o = json.loads(owner.read_text())
         except (OSError, ValueError):
             continue
-        if not any(_alive(int(o.get(k) or 0)) for k in ("pid", "server_pid") if int(o.get(k) or 0) > 0):
+        if not any(alive(int(o.get(k) or 0)) for k in ("pid", "server_pid") if int(o.get(k) or 0) > 0):
             shutil.rmtree(owner.parent, ignore_errors=True)
             removed.append(owner.parent)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def users(snap: Path) -> list[int]:
@@ -71,7 +62,7 @@ def users(snap: Path) -> list[int]:
             o = json.loads(d.read_text())
         except (OSError, ValueError):
             continue
-        if str(o.get("snapshot", "")) + "/" == root and _alive(int(o.get("pid", 0))):
+        if str(o.get("snapshot", "")) + "/" == root and alive(int(o.get("pid", 0))):
             found.add(int(o["pid"]))
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == os.getpid():
