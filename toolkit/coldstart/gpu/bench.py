@@ -196,7 +196,12 @@ LOADER_CASES: dict[str, dict[str, Any]] = {
     "coldstart_verify": {"verify": True},
     "coldstart_buffered": {"direct": False},  # cold only: the default picks O_DIRECT for a cold file
     "coldstart_t16": {"threads": 16},
+    "coldstart_t16_c32": {"threads": 16, "chunk_bytes": 32 * MiB},  # warm only (a sweep)
+    "coldstart_t16_c8": {"threads": 16, "chunk_bytes": 8 * MiB},  # warm only
+    "coldstart_t24": {"threads": 24},  # warm only
 }
+ONE_CACHE = {"coldstart_buffered": "cold", "coldstart_t16_c32": "warm", "coldstart_t16_c8": "warm",
+             "coldstart_t24": "warm", "read_direct": "cold", "read_buffered_t24": "warm"}
 
 
 def loader_bench(work: Path, *, gib: float = 4.0, reps: int = 3, threads: int = 8, say: Say = print) -> list[dict]:
@@ -220,14 +225,15 @@ def loader_bench(work: Path, *, gib: float = 4.0, reps: int = 3, threads: int = 
 
     rows.append(dict(base, case="h2d_pinned", cache="-", rep=0, **h2d_bandwidth()))
     say(f"  pinned H2D: {rows[-1]['h2d_gib_s']} GiB/s")
-    reads = {"read_buffered": (threads, False), "read_buffered_t16": (16, False), "read_direct": (threads, True)}
+    reads = {"read_buffered": (threads, False), "read_buffered_t16": (16, False), "read_buffered_t24": (24, False),
+             "read_direct": (threads, True)}
     for rep in range(reps):
         for cache in ("cold", "warm"):
             order = [*reads, *LOADER_CASES, "safetensors"]
             if rep % 2:
                 order.reverse()
             for case in order:
-                if cache == "warm" and case in ("read_direct", "coldstart_buffered"):
+                if ONE_CACHE.get(case, cache) != cache:  # cells measured under one cache state only
                     continue
                 try:
                     if case in reads:
@@ -250,6 +256,7 @@ def loader_bench(work: Path, *, gib: float = 4.0, reps: int = 3, threads: int = 
                             resident_before=res, o_direct=st.o_direct, mode=st.mode, buffers=st.buffers,
                             read_threads=st.threads, verify=st.verify, wait_s=round(st.wait_s, 3),
                             copy_s=round(st.copy_s, 3), read_s=round(st.read_s, 3), verify_s=round(st.verify_s, 3),
+                            alloc_s=round(st.alloc_s, 4), chunk_bytes=st.chunk_bytes,
                             checked=rep == 0, mismatch=bad)
                     else:
                         res = _cache(stp, cache)
@@ -430,8 +437,12 @@ def shim_dir(work: Path) -> Path:
 
 
 def criu_cuda_bench(work: Path, criu: Path, *, gib: float = 1.0, plugin_dir: Path | None = None,
-                    modes: tuple[str, ...] = ("driver", "plugin"), say: Say = print) -> list[dict]:
-    """Dump and restore a GPU process with our patched CRIU, its CUDA state checkpointed first."""
+                    modes: tuple[str, ...] = ("driver", "driver_cold", "plugin"), say: Say = print) -> list[dict]:
+    """Dump and restore a GPU process with our patched CRIU, its CUDA state checkpointed first.
+
+    ``driver``: our driver calls around CRIU (images in the page cache, as right after the dump);
+    ``driver_cold``: the same with the page cache dropped before the restore (a node that did not
+    dump it); ``plugin``: CRIU's CUDA plugin does the CUDA steps inside dump and restore."""
     from coldstart.criu.dump import DumpOptions, dump
     from coldstart.criu.restore import RestoreOptions, restore
     from coldstart.gpu import driver
@@ -456,7 +467,7 @@ def criu_cuda_bench(work: Path, criu: Path, *, gib: float = 1.0, plugin_dir: Pat
             if mode == "plugin":
                 extra = ["-L", str(plugin_dir)]
                 os.environ["PATH"] = f"{shim_dir(wd)}:{old_path}"
-            else:
+            else:  # driver, driver_cold
                 s = driver.suspend(h.pid)
                 row.update(lock_s=round(s.first, 4), checkpoint_s=round(s.second, 4),
                            state_before_dump=driver.get_state(h.pid))
@@ -468,12 +479,15 @@ def criu_cuda_bench(work: Path, criu: Path, *, gib: float = 1.0, plugin_dir: Pat
                 h.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
+            if mode == "driver_cold":
+                drop_caches()
+            row["images_resident"] = resident(max((wd / "images").glob("pages-*.img"), key=lambda f: f.stat().st_size))
             t0 = time.perf_counter()
             r = restore(wd / "images", RestoreOptions(**simple, mmap_pages=0, detach=True, work_dir=wd / "restore",
                                                       extra_args=extra))
             restored_pid = r.pid
             row.update(restore_s=round(time.perf_counter() - t0, 4), restored_pid=r.pid, same_pid=r.pid == h.pid)
-            if mode == "driver":
+            if mode != "plugin":
                 row["state_after_restore"] = driver.get_state(r.pid)
                 u = driver.resume(r.pid)
                 row.update(cuda_restore_s=round(u.first, 4), unlock_s=round(u.second, 4))

@@ -47,7 +47,7 @@ def load_command(
     read_kb: int = typer.Option(1024, "--read-kb", help="largest blocking read of uncached data in KiB (0: whole pieces)"),
     layout: str = typer.Option("ranges", "--layout", help="ranges (one contiguous run per reader) | shared (one queue)"),
     fadvise: str = typer.Option("sequential", "--fadvise", help="hint on each reader's fd: sequential | none"),
-    buffers: int = typer.Option(4, "--buffers", help="host buffers (staged mode)"),
+    buffers: int = typer.Option(0, "--buffers", help="host buffers (staged mode; 0: one per reader thread + 2)"),
     verify: bool = typer.Option(False, "--verify", help="check every chunk digest while loading"),
     direct: Optional[bool] = typer.Option(
         None, "--direct/--buffered",

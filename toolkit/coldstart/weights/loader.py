@@ -63,6 +63,7 @@ class LoadStats:
     copy_s: float = 0.0  # time issuing/doing buffer -> tensor copies (staged)
     verify_s: float = 0.0  # time hashing
     wait_s: float = 0.0  # staged: coordinator waiting for a filled buffer
+    alloc_s: float = 0.0  # staged: allocating (on CUDA: pinning) the host buffers
     notes: list[str] = field(default_factory=list)
     layout: str = "ranges"  # ranges (one contiguous run per reader) | shared (one queue of pieces)
     read_bytes: int = 0  # largest blocking read of data not yet cached (0: whole pieces)
@@ -316,7 +317,7 @@ def _read_direct_steps(fd: int, views: list, offset: int, what: Callable[[], str
 
 
 class _Loader:
-    def __init__(self, index: FlatIndex, pairs, *, threads: int, chunk_bytes: int, buffers: int, verify: bool,
+    def __init__(self, index: FlatIndex, pairs, *, threads: int, chunk_bytes: int, buffers: int | None, verify: bool,
                  direct: bool, progress: Progress | None, mode: str, layout: str = "ranges",
                  read_bytes: int = 0, fadvise: str | None = None, prefetch_bytes: int = 0):
         import torch
@@ -356,11 +357,13 @@ class _Loader:
         self.chunk_bytes = max(DIRECT_IO_ALIGN, chunk_bytes - chunk_bytes % DIRECT_IO_ALIGN)
         self.pieces = plan_pieces(self.entries, self.chunk_bytes, digest_chunk=index.chunk_bytes, verify=verify)
         self.max_piece = max((p.length for p in self.pieces), default=0)
-        self.nbuffers = max(1, buffers)
+        # staged: one buffer per reader plus two being copied out, unless the caller chose (4 buffers
+        # for 8 readers left half of them idle on the H100 machine: results/gpu)
+        self.nbuffers = max(1, buffers) if buffers else max(1, threads) + 2
         self.total = sum(e.nbytes for e in self.entries)
         self.done = 0
         self.lock = threading.Lock()
-        self.read_s = self.copy_s = self.verify_s = self.wait_s = 0.0
+        self.read_s = self.copy_s = self.verify_s = self.wait_s = self.alloc_s = 0.0
         self.errors: list[BaseException] = []
         self.stop = threading.Event()
         self.next_piece = 0
@@ -579,7 +582,9 @@ class _Loader:
 
         copier = make_copier(self.device, self.targets)
         bufsize = align_up(self.max_piece, DIRECT_IO_ALIGN)
+        t0 = time.perf_counter()
         bufs = [copier.host_buffer(bufsize) for _ in range(min(self.nbuffers, max(1, len(self.pieces))))]
+        self.alloc_s = time.perf_counter() - t0
         pool = BufferPool(bufs)
         ready: "queue.Queue[tuple[Piece, Any] | BaseException | None]" = queue.Queue()
         nreaders = min(self.threads, max(1, len(self.pieces)))
@@ -600,6 +605,10 @@ class _Loader:
                     else:
                         _read_cold_aware(fd, [copier.host_view(buf)[:n]], p.offset, self._what(p), self.read_bytes)
                     self.read_s_add(time.perf_counter() - t0)
+                    if self.verify:  # here, in parallel: one coordinator hashing everything was the bottleneck on GPU
+                        hv = copier.host_view(buf)
+                        for s in p.segments:
+                            self._verify_segment(s, hv[s.boff:s.boff + s.length])
                     ready.put((p, buf))
             except _Stopped:
                 pass
@@ -626,10 +635,6 @@ class _Loader:
                 if isinstance(item, BaseException):
                     raise item
                 piece, buf = item
-                if self.verify:
-                    hv = copier.host_view(buf)
-                    for s in piece.segments:
-                        self._verify_segment(s, hv[s.boff:s.boff + s.length])
                 t0 = time.perf_counter()
                 fence = copier.copy(piece, buf, self.np_views if copier.numpy_views else self.views)
                 self.copy_s += time.perf_counter() - t0
@@ -745,7 +750,7 @@ def load_into(
     *,
     threads: int = 8,
     chunk_bytes: int = 16 << 20,
-    buffers: int = 4,
+    buffers: int | None = None,
     verify: bool = False,
     direct: bool | None = None,
     progress: Progress | None = None,
@@ -804,6 +809,7 @@ def load_into(
             st.copy_s += p.copy_s
             st.verify_s += p.verify_s
             st.wait_s += p.wait_s
+            st.alloc_s += p.alloc_s
             st.notes += p.notes
             st.phases = {k: round(st.phases.get(k, 0) + v, 6) for k, v in p.phases.items()}
         st.mode = "+".join(p.mode for p in parts)
@@ -860,7 +866,7 @@ def _load_group(index: FlatIndex, pairs, **kw) -> LoadStats:
         mode=ld.mode, device=ld.device, threads=ld.threads, chunk_bytes=ld.chunk_bytes,
         buffers=ld.nbuffers if ld.mode == "staged" else 0, verify=kw["verify"], o_direct=ld.o_direct,
         phases={"plan": round(t_plan - t_start, 6), "io": round(t_io - t_plan, 6), "finalize": round(t_end - t_io, 6)},
-        read_s=ld.read_s, copy_s=ld.copy_s, verify_s=ld.verify_s, wait_s=ld.wait_s, notes=ld.notes,
+        read_s=ld.read_s, copy_s=ld.copy_s, verify_s=ld.verify_s, wait_s=ld.wait_s, alloc_s=ld.alloc_s, notes=ld.notes,
         layout=ld.layout, read_bytes=ld.read_bytes, fadvise=ld.fadvise or "",
     )
 
