@@ -11,7 +11,8 @@ Two ways to move the bytes, picked per destination:
   host buffers (pinned on CUDA) while the coordinating thread copies the previously filled buffers
   into the destination tensors (on CUDA: async copies on a side stream; a buffer goes back to the
   readers only once the event recorded after its copies has completed). The CUDA path is
-  unverified on GPU (no device on the project's machines); its scheduling is unit-tested.
+  verified on an H100 by the GPU kit (tests/gpu, results/gpu/, docs/gpu.md); its scheduling is also
+  unit-tested without a device.
 
 Both release the GIL where the time goes (preadv, torch copy_), and both can verify the per-chunk
 digests of the index while loading (an error names the tensor).
@@ -682,7 +683,7 @@ class CpuCopier:
 
 
 class CudaCopier:
-    """Staged copies to a CUDA device (UNVERIFIED ON GPU): pinned host buffers, async H2D copies on
+    """Staged copies to a CUDA device (verified on an H100: tests/gpu): pinned host buffers, async H2D copies on
     a side stream, one event per buffer recorded after its copies; the BufferPool hands the buffer
     back to the readers only after that event completed.
 
