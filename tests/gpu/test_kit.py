@@ -111,3 +111,29 @@ def test_run_writes_jsonl_and_table_as_it_goes(tmp_path):
     table = (tmp_path / "table.md").read_text()
     assert "pinned host-to-device copy: **50.0 GiB/s**" in table and "checkpoint: RuntimeError" in table
     assert "== checkpoint" in (tmp_path / "log").read_text()
+
+
+def test_paired_ratio_compares_within_a_repetition():
+    ld = [{"case": "read_buffered", "cache": "warm", "rep": 0, "gib_s": 30.0},
+          {"case": "coldstart", "cache": "warm", "rep": 0, "gib_s": 27.0},
+          {"case": "read_buffered", "cache": "warm", "rep": 1, "gib_s": 15.0},
+          {"case": "coldstart", "cache": "warm", "rep": 1, "gib_s": 16.5},
+          {"case": "read_buffered_t16", "cache": "warm", "rep": 2, "gib_s": 20.0},
+          {"case": "coldstart", "cache": "warm", "rep": 2, "gib_s": 10.0}]
+    assert kit.paired(ld, "warm", 50.0) == "0.90x (0.90, 1.10, 0.50)"
+    assert kit.paired(ld, "warm", 12.0) == "1.38x (2.25, 1.38, 0.83)"  # H2D caps the limit
+    assert kit.paired(ld, "cold", 50.0) == "-"
+
+
+def test_retable_rerenders_from_the_raw_records(tmp_path):
+    (tmp_path / "results.jsonl").write_text("\n".join(json.dumps(r) for r in SAMPLE) + "\n")
+    (tmp_path / "facts.json").write_text(json.dumps({"gpu": "NVIDIA H100 80GB HBM3"}))
+    (tmp_path / "COMMAND").write_text("scripts/gpu-check out\n")
+    p = subprocess.run([str(REPO / "scripts" / "gpu-check"), str(tmp_path), "--retable"], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "table.md").read_text() == kit.render_table(SAMPLE, {"gpu": "NVIDIA H100 80GB HBM3"},
+                                                                     "scripts/gpu-check out")
+    bad = subprocess.run([str(REPO / "scripts" / "gpu-check"), str(tmp_path / "nope"), "--retable"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "not a kit output directory" in bad.stderr

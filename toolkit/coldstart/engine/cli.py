@@ -73,7 +73,8 @@ def wake_command(tags: Optional[List[str]] = typer.Option(None, "--tags", help="
 
 def reload_command(flat: Optional[Path] = typer.Argument(None, help="flat dump dir [default: found from "
                                                           "the model]"),
-                   threads: int = typer.Option(8, "--threads"),
+                   threads: Optional[int] = typer.Option(None, "--threads", help="loader readers [default: "
+                                                         "8 on CPU, 8-16 by CPU count on CUDA]"),
                    mode: str = typer.Option("auto", "--mode", help="map (file mapped over the weight arena, CPU) "
                                             "| copy (our parallel loader) | auto (map if the layout matches)"),
                    url: str = URL) -> None:

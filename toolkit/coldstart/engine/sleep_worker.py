@@ -178,7 +178,7 @@ class ColdstartRPCMixin:
         return out
 
     @torch.inference_mode()
-    def coldstart_reload(self, path: str | None = None, threads: Any = 8, verify: Any = False,
+    def coldstart_reload(self, path: str | None = None, threads: Any = None, verify: Any = False,
                          direct: Any = None, chunk_bytes: Any = None, buffers: Any = None,
                          mode: Any = None, populate_threads: Any = 4) -> dict:
         """Refill every parameter and buffer from a flat dump (``mode``: map | copy | auto, see the
@@ -227,7 +227,8 @@ class ColdstartRPCMixin:
         direct = decode_arg(direct)  # None: the loader's choice (O_DIRECT when the file is cold)
         if direct is None and auto_choice and mode == "copy":
             direct = True  # auto copies because the file is cold: decided once, not sampled again
-        kw: dict[str, Any] = {"threads": int(decode_arg(threads)), "verify": bool(decode_arg(verify)),
+        threads = decode_arg(threads)  # None: the loader's default for the device
+        kw: dict[str, Any] = {"threads": None if threads is None else int(threads), "verify": bool(decode_arg(verify)),
                               "direct": None if direct is None else bool(direct)}
         if chunk_bytes is not None:
             kw["chunk_bytes"] = int(decode_arg(chunk_bytes))
