@@ -111,8 +111,10 @@ def test_gpu_tools_found_or_named(tmp_path, monkeypatch):
 
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))
     monkeypatch.delenv("CRIU_CUDA_PLUGIN_DIR", raising=False)
-    missing = GpuCheckpointTools.find(plugin_dir=tmp_path / "none")
+    missing = GpuCheckpointTools.find(plugin_dir=tmp_path / "none", state_dir=tmp_path / "state")
     assert not missing.ok and len(missing.problems) == 2 and missing.criu_args() == []
+    assert "checkpoint API is unusable: libcuda.so.1 cannot be loaded" in missing.problems[0]
+    assert not (tmp_path / "state").exists()  # no command of ours written where it cannot work
     (tmp_path / "bin").mkdir()
     cc = tmp_path / "bin" / "cuda-checkpoint"
     cc.write_text("#!/bin/sh\n")
@@ -123,6 +125,20 @@ def test_gpu_tools_found_or_named(tmp_path, monkeypatch):
     assert found.ok and found.criu_args() == ["-L", str(tmp_path / "plugins")]
     assert found.criu_env({"PATH": "/usr/bin"})["PATH"].startswith(str(tmp_path / "bin"))
     assert gpu_facts() == {}  # no nvidia-smi on PATH
+
+
+def test_our_cuda_checkpoint_command(tmp_path):
+    """The ``cuda-checkpoint`` that GpuCheckpointTools falls back to: runs our module from any cwd,
+    rewritten only when it changes (the GPU side runs on the H100 kit: tests/gpu, docs/gpu.md)."""
+    from coldstart.engine.cuda_checkpoint import command_dir
+
+    d = command_dir(tmp_path / "state")
+    cc = d / "cuda-checkpoint"
+    assert d == tmp_path / "state" / "bin" and os.access(cc, os.X_OK)
+    mtime = cc.stat().st_mtime_ns
+    assert command_dir(tmp_path / "state") == d and cc.stat().st_mtime_ns == mtime
+    out = subprocess.run([str(cc), "-h"], capture_output=True, text=True, cwd="/", env={"PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0 and "--action" in out.stdout and "--get-restore-tid" in out.stdout
 
 
 def test_pidns_lookups_inside_a_pid_namespace():

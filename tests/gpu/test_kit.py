@@ -44,11 +44,11 @@ def test_needs_an_outdir_and_explains_itself():
 
 def test_cuda_checkpoint_command_without_a_driver():
     env = {"PYTHONPATH": str(REPO / "toolkit"), "PATH": "/usr/bin:/bin"}
-    h = subprocess.run([sys.executable, "-m", "coldstart.gpu.driver", "-h"], capture_output=True, text=True, env=env)
+    h = subprocess.run([sys.executable, "-m", "coldstart.engine.cuda_checkpoint", "-h"], capture_output=True, text=True, env=env)
     assert h.returncode == 0 and "--action" in h.stdout and "--get-restore-tid" in h.stdout
     if _gpu_here():
         return
-    p = subprocess.run([sys.executable, "-m", "coldstart.gpu.driver", "--get-state", "--pid", "1"],
+    p = subprocess.run([sys.executable, "-m", "coldstart.engine.cuda_checkpoint", "--get-state", "--pid", "1"],
                        capture_output=True, text=True, env=env)
     assert p.returncode == 1 and "libcuda.so.1 cannot be loaded" in p.stderr
 

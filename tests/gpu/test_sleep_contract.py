@@ -71,7 +71,7 @@ def test_sleep_releases_and_wake_remaps_for_an_in_place_reload(tmp_path):
 def test_driver_checkpoint_api_round_trip(tmp_path):
     """A process holding 64 MiB: lock + checkpoint frees its device memory, restore + unlock gives
     it back with the same contents (the holder checks its own digests)."""
-    from coldstart.gpu import driver
+    from coldstart.engine import cuda_checkpoint as driver
     from coldstart.gpu.bench import Holder
 
     h = Holder(64 * MiB, tmp_path / "holder")
@@ -100,7 +100,7 @@ def test_cuda_checkpoint_command_line(tmp_path):
         h.wait_ready()
 
         def cc(*args):
-            return subprocess.run([sys.executable, "-m", "coldstart.gpu.driver", *args], env=_env(),
+            return subprocess.run([sys.executable, "-m", "coldstart.engine.cuda_checkpoint", *args], env=_env(),
                                   capture_output=True, text=True, timeout=60)
 
         assert "--action" in cc("-h").stdout

@@ -25,13 +25,26 @@ class GpuCheckpointTools:
     problems: list[str] = field(default_factory=list)
 
     @classmethod
-    def find(cls, plugin_dir: str | os.PathLike | None = None) -> "GpuCheckpointTools":
-        """Locate cuda-checkpoint (PATH) and the CRIU CUDA plugin ($CRIU_CUDA_PLUGIN_DIR, then the
-        usual CRIU plugin directories); every missing piece becomes one line in ``problems``."""
+    def find(cls, plugin_dir: str | os.PathLike | None = None,
+             state_dir: str | os.PathLike | None = None) -> "GpuCheckpointTools":
+        """Locate cuda-checkpoint (NVIDIA's on PATH, else ours over the driver API, written under
+        ``state_dir``/bin, default $COLDSTART_STATE_DIR) and the CRIU CUDA plugin
+        ($CRIU_CUDA_PLUGIN_DIR, then the usual CRIU plugin directories); every missing piece becomes
+        one line in ``problems``."""
         problems: list[str] = []
         cc = shutil.which("cuda-checkpoint")
         if not cc:
-            problems.append("cuda-checkpoint not found on PATH (NVIDIA driver >= 550 ships it)")
+            from coldstart.engine import cuda_checkpoint
+
+            why = cuda_checkpoint.api_available()
+            if why:
+                problems.append(f"cuda-checkpoint not found on PATH and the driver's checkpoint API is unusable: {why}")
+            else:
+                if state_dir is None:
+                    from coldstart.state import state_dir as default_state_dir
+
+                    state_dir = default_state_dir()
+                cc = str(cuda_checkpoint.command_dir(Path(state_dir)) / "cuda-checkpoint")
         cands = [plugin_dir] if plugin_dir else []
         if os.environ.get("CRIU_CUDA_PLUGIN_DIR"):
             cands.append(os.environ["CRIU_CUDA_PLUGIN_DIR"])

@@ -8,7 +8,7 @@
   verified after restore.
 * ``criu_cuda``: that process checkpointed by the driver, dumped and restored by our patched CRIU,
   resumed on the GPU and verified; once with our own driver calls around CRIU, once through
-  CRIU's CUDA plugin (which runs a ``cuda-checkpoint`` command: ours, ``coldstart.gpu.driver``).
+  CRIU's CUDA plugin (which runs a ``cuda-checkpoint`` command: ours, ``coldstart.engine.cuda_checkpoint``).
 
 Every function returns records (dicts) for results.jsonl; a failure is a record with ``error``.
 """
@@ -378,7 +378,7 @@ def gpu_used_bytes() -> int:
 
 def cuda_checkpoint_bench(work: Path, *, sizes_gib: tuple[float, ...] = (1, 4, 16), reps: int = 2,
                           say: Say = print) -> list[dict]:
-    from coldstart.gpu import driver
+    from coldstart.engine import cuda_checkpoint as driver
 
     rows: list[dict] = []
     for gib in sizes_gib:
@@ -431,13 +431,11 @@ def _error_lines(log: Path, n: int = 12) -> str:
 
 
 def shim_dir(work: Path) -> Path:
-    """A directory holding a ``cuda-checkpoint`` command (ours) for CRIU's CUDA plugin."""
-    d = work / "shim"
-    d.mkdir(parents=True, exist_ok=True)
-    p = d / "cuda-checkpoint"
-    p.write_text(f"#!/bin/sh\nPYTHONPATH={TOOLKIT} exec {sys.executable} -m coldstart.gpu.driver \"$@\"\n")
-    p.chmod(0o755)
-    return d
+    """A directory holding a ``cuda-checkpoint`` command (ours) for CRIU's CUDA plugin: the one
+    GpuCheckpointTools.find() falls back to where NVIDIA's utility is absent."""
+    from coldstart.engine.cuda_checkpoint import command_dir
+
+    return command_dir(work / "shim")
 
 
 def criu_cuda_bench(work: Path, criu: Path, *, gib: float = 1.0, plugin_dir: Path | None = None,
@@ -449,7 +447,7 @@ def criu_cuda_bench(work: Path, criu: Path, *, gib: float = 1.0, plugin_dir: Pat
     dump it); ``plugin``: CRIU's CUDA plugin does the CUDA steps inside dump and restore."""
     from coldstart.criu.dump import DumpOptions, dump
     from coldstart.criu.restore import RestoreOptions, restore
-    from coldstart.gpu import driver
+    from coldstart.engine import cuda_checkpoint as driver
 
     rows: list[dict] = []
     simple = dict(criu_path=criu, tcp_established=False, shell_job=False, ext_unix_sk=False, file_locks=False,

@@ -42,7 +42,7 @@ def gpu_absent_reason() -> str:
     if not (Path("/dev/nvidiactl").exists() or shutil.which("nvidia-smi")):
         return "no NVIDIA GPU on this machine (no /dev/nvidiactl, no nvidia-smi)"
     try:
-        from coldstart.gpu.driver import CudaError, _fn, check
+        from coldstart.engine.cuda_checkpoint import CudaError, _fn, check
         import ctypes
 
         n = ctypes.c_int(0)

@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     import xxhash
 
-    from coldstart.gpu.driver import check, libcuda
+    from coldstart.engine.cuda_checkpoint import check, libcuda
 
     p = argparse.ArgumentParser(prog="coldstart.gpu.holder")
     p.add_argument("--bytes", type=int, required=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ctypes
 
-from coldstart.gpu.driver import check, libcuda
+from coldstart.engine.cuda_checkpoint import check, libcuda
 
 
 class _Location(ctypes.Structure):

@@ -5,16 +5,19 @@ Checkpoint, that process's device memory and CUDA state live in its own host mem
 GPU resources, so CRIU can dump it like a CPU process; Restore puts the state back on a GPU.
 
 Also a command line with the interface of NVIDIA's ``cuda-checkpoint`` utility (``--action``,
-``--get-state``, ``--get-restore-tid``, ``--toggle``), which CRIU's CUDA plugin runs: the kit
-puts it on PATH where that utility is absent (it is not shipped with the driver image we can reach).
+``--get-state``, ``--get-restore-tid``, ``--toggle``), which CRIU's CUDA plugin runs from PATH:
+``command_dir()`` writes a ``cuda-checkpoint`` that runs it, for hosts without NVIDIA's utility (the
+GPU machines we can reach have none). Verified on an H100 (docs/gpu.md).
 """
 from __future__ import annotations
 
 import argparse
 import ctypes
+import os
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 STATES = {0: "running", 1: "locked", 2: "checkpointed", 3: "failed"}
 
@@ -127,6 +130,32 @@ def resume(pid: int) -> StepTimes:
     t1 = time.perf_counter()
     unlock(pid)
     return StepTimes(t1 - t0, time.perf_counter() - t1)
+
+
+def api_available() -> str:
+    """'' when this host's driver offers the checkpoint API, else why not."""
+    try:
+        _fn("cuCheckpointProcessLock")
+    except CudaError as e:
+        return str(e)
+    return ""
+
+
+def command_dir(parent: Path) -> Path:
+    """``parent/bin`` holding a ``cuda-checkpoint`` that runs this module with this Python (written
+    atomically, rewritten only when it differs); put the directory first on CRIU's PATH."""
+    d = Path(parent) / "bin"
+    d.mkdir(parents=True, exist_ok=True)
+    pkg_root = Path(__file__).resolve().parents[2]  # the directory holding the coldstart package
+    text = (f"#!/bin/sh\n# written by coldstart: NVIDIA's cuda-checkpoint command line over the driver API\n"
+            f"PYTHONPATH={pkg_root}${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} -m {__name__} \"$@\"\n")
+    p = d / "cuda-checkpoint"
+    if not (p.exists() and p.read_text() == text):
+        tmp = d / f".cuda-checkpoint.{os.getpid()}"
+        tmp.write_text(text)
+        tmp.chmod(0o755)
+        os.replace(tmp, p)
+    return d
 
 
 HELP = """usage: cuda-checkpoint (coldstart's implementation of its command line)
