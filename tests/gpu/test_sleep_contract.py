@@ -121,3 +121,27 @@ def test_nvml_facts_name_the_gpu():
 
     f = gpu_facts()
     assert f.get("gpus") and f.get("driver"), f
+
+
+def test_gpu_tools_fall_back_to_our_cuda_checkpoint(tmp_path, monkeypatch):
+    """Where NVIDIA's cuda-checkpoint is absent, GpuCheckpointTools gives ours, and it works."""
+    import subprocess
+
+    from coldstart.engine.gpu import GpuCheckpointTools
+    from coldstart.gpu.bench import Holder
+
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "cuda_plugin.so").write_bytes(b"")
+    tools = GpuCheckpointTools.find(plugin_dir=tmp_path / "plugins", state_dir=tmp_path / "state")
+    assert tools.ok, tools.problems
+    assert tools.cuda_checkpoint == tmp_path / "state" / "bin" / "cuda-checkpoint"
+    h = Holder(16 * MiB, tmp_path / "holder")
+    try:
+        h.wait_ready()
+        env = tools.criu_env({"PATH": "/usr/bin:/bin"})
+        out = subprocess.run(["cuda-checkpoint", "--get-state", "--pid", str(h.pid)], env=env,
+                             capture_output=True, text=True, timeout=60)
+        assert out.stdout.strip() == "running", out.stderr
+    finally:
+        h.stop()
