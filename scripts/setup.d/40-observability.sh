@@ -10,17 +10,8 @@ stamp="$CACHE/observability-$(printf '%s\n' "${PKGS[@]}" | sha256sum | cut -c1-1
 if [[ -e "$stamp" ]] && command -v prometheus >/dev/null && command -v prometheus-pushgateway >/dev/null; then
   exit 0
 fi
-export DEBIAN_FRONTEND=noninteractive
-# policy-rc.d exit 101 = "do not start services from maintainer scripts"; only if none is in place.
-made_policy=0
-if [[ ! -e /usr/sbin/policy-rc.d ]]; then
-  printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d; made_policy=1
-fi
-trap 'if [[ $made_policy == 1 ]]; then rm -f /usr/sbin/policy-rc.d; fi' EXIT
-if ! apt-get install -y -qq --no-install-recommends "${PKGS[@]}" >/dev/null; then
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${PKGS[@]}" >/dev/null
-fi
+source "${ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}/scripts/lib/apt.sh"
+apt_install_no_services "${PKGS[@]}"
 if [[ -d /run/systemd/system ]]; then
   systemctl disable --now prometheus prometheus-pushgateway >/dev/null 2>&1 || true
 fi
