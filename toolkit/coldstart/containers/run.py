@@ -1,8 +1,10 @@
 """Checkpoint and restore containers (docker-py through docker_api's client).
 
-The security settings are, for now, the broad set that works on docker 20.10 here (all capabilities
-but SYS_RESOURCE, which this machine's bounding set lacks, and no seccomp filter). Narrowing them to
-the least privilege that works is the next step of issue 14 (docs/containers.md).
+Security, as measured so far (results/containers-caps, docs/containers.md): the checkpoint needs no
+seccomp filter (CRIU suspends the tasks' filters to dump them); the restore runs under docker's
+default seccomp profile. Both still get every capability but SYS_RESOURCE (absent from this machine's
+bounding set): dropping NET_ADMIN or SYS_TIME made the restore fail, and SYS_ADMIN + SYS_PTRACE +
+NET_ADMIN + SYS_TIME over docker's defaults did not finish in 240 s. The least set is still open.
 """
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ from typing import Any
 
 BROAD_SECURITY: dict[str, Any] = {"cap_add": ["ALL"], "cap_drop": ["SYS_RESOURCE"],
                                   "security_opt": ["seccomp=unconfined"]}
+CHECKPOINT_SECURITY = BROAD_SECURITY
+RESTORE_SECURITY: dict[str, Any] = {"cap_add": ["ALL"], "cap_drop": ["SYS_RESOURCE"]}  # docker's default seccomp
 STATE_TMPFS = {"/run/coldstart": "rw,exec,size=4g"}  # per-replica state: overlay upper dirs need a non-overlay fs
 SHM_SIZE = "1g"  # vLLM's shared-memory buffers need more than docker's 64 MiB default
 
@@ -35,7 +39,7 @@ def checkpoint(c, image: str, model: Path, out: Path, *, port: int, extra: list[
     ctr = c.containers.run(image, cmd, entrypoint=["coldstart"], detach=True, shm_size=SHM_SIZE, network_mode="host",
                            volumes={str(model): {"bind": str(model), "mode": "ro"},
                                     str(out.parent): {"bind": "/out", "mode": "rw"}},
-                           environment={"TMPDIR": "/out"}, **BROAD_SECURITY)
+                           environment={"TMPDIR": "/out"}, **CHECKPOINT_SECURITY)
     try:
         res = ctr.wait(timeout=900)
         logs = ctr.logs(stdout=True, stderr=True).decode(errors="replace")
@@ -53,4 +57,4 @@ def start_restore(c, image: str, snapshot: Path, model: Path, *, name: str | Non
                             network_mode="host", tmpfs=STATE_TMPFS,
                             volumes={str(snapshot): {"bind": "/snapshot", "mode": "ro"},
                                      str(model): {"bind": str(model), "mode": "ro"}},
-                            **BROAD_SECURITY)
+                            **RESTORE_SECURITY)
