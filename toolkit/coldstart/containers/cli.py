@@ -74,5 +74,57 @@ def restore_command(
     typer.echo(ctr.id)
 
 
+def bench_container(
+    sizes: str = typer.Option("tiny,bench", help="models (made by `coldstart model make-tiny` sizes)"),
+    reps: int = typer.Option(3, help="repetitions per cell"),
+    caches: str = typer.Option("warm,cold", help="page-cache states (cold: dropped before each start)"),
+    work: Path = typer.Option(Path("/var/tmp/coldstart-bench-container"), help="where the snapshots are kept"),
+    out: Path = typer.Option(Path("results/container"), help="results directory (raw.jsonl, table.md, COMMAND)"),
+    host: Optional[str] = typer.Option(None, "--host"),
+) -> None:
+    """Container restore vs naive container start, first token from the docker-py create call."""
+    import os
+    import shlex
+    import socket
+    import sys
+
+    from coldstart.containers import bench as cbench
+    from coldstart.containers import docker_api, image, run
+    from coldstart.errors import ColdstartError
+    from coldstart.fsutil import write_results
+    from coldstart.pipeline import hostfacts
+
+    say = lambda m: typer.echo(m, err=True)  # noqa: E731
+    c = docker_api.client(host)
+    img = image.app_image(c, Path(__file__).resolve().parents[3], say=say)
+    cache = Path(os.environ.get("COLDSTART_CACHE", "/var/cache/coldstart"))
+    cases = []
+    for size in [s.strip() for s in sizes.split(",") if s.strip()]:
+        model = cache / "models" / f"{size}-seed0"
+        if not (model / "config.json").exists():
+            from coldstart.models.tiny import make_tiny
+
+            make_tiny(model, size=size, seed=0)
+        snap = work / img.tag.replace(":", "-") / size
+        if not (snap / "manifest.json").exists():
+            with socket.socket() as s_:
+                s_.bind(("127.0.0.1", 0))
+                port = s_.getsockname()[1]
+            say(f"checkpointing {size} in a container -> {snap}")
+            res = run.checkpoint(c, img.tag, model, snap, port=port)
+            if res.exit_code != 0:
+                raise ColdstartError(f"checkpoint of {size} in a container failed: {res.logs.strip().splitlines()[-1:]}")
+        cases.append((size, model, snap))
+    rows = cbench.run_bench(c, img.tag, cases, reps=reps, caches=tuple(x for x in caches.split(",") if x), say=say)
+    h = hostfacts.collect()
+    host_line = (f"Host: {h.cpu_model}, {os.cpu_count()} cores, kernel {h.kernel}; docker "
+                 f"{docker_api.daemon_facts(c).version}; image {img.tag}. CPU-measured; unverified on GPU.")
+    command = "coldstart bench container " + " ".join(shlex.quote(a) for a in sys.argv[3:])
+    table = cbench.render(rows, host_line, command)
+    write_results(out, rows, table, command)
+    typer.echo(table)
+
+
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     app.add_typer(container_app, name="container")
+    bench.command("container")(bench_container)
