@@ -3,6 +3,7 @@ the canary's completion through the host's port (broad security settings for now
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import time
 import urllib.request
@@ -25,7 +26,8 @@ def container_snapshot(docker_client, app_image, tiny_model_dir, tmp_path_factor
                          port=port)
     assert res.exit_code == 0, res.logs[-3000:]
     assert (res.snapshot / "manifest.json").exists()
-    return res.snapshot, port
+    yield res.snapshot, port
+    shutil.rmtree(res.snapshot.parent, ignore_errors=True)  # 2.4 GB: pytest keeps three sessions' tmp dirs
 
 
 def _completion(port: int, model: str) -> dict:

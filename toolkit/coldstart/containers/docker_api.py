@@ -76,6 +76,25 @@ def image_id(c, tag: str) -> str | None:
         return None
 
 
+def remove_other_tags(c, repository: str, keep: str) -> list[str]:
+    """Remove every ``repository:*`` image but ``keep`` (each runtime image is a separate 7 GB import:
+    old ones filled this machine's disk). Images a container still uses are left alone."""
+    import docker
+
+    gone = []
+    for img in c.images.list(name=repository):
+        tags = [t for t in img.tags if t.split(":", 1)[0] == repository]
+        if keep in img.tags or not tags:
+            continue
+        for t in tags:
+            try:
+                c.images.remove(t, noprune=False)
+                gone.append(t)
+            except docker.errors.APIError:
+                pass
+    return gone
+
+
 def import_tar_stream(c, stream: IO[bytes], repository: str, tag: str, changes: Iterable[str] = ()) -> str:
     """``docker import`` of a root filesystem tar read from ``stream``; returns the image id."""
     import json

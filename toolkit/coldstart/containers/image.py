@@ -153,6 +153,10 @@ def runtime_image(c, say: Say = print, inputs: RuntimeInputs | None = None) -> I
         rc = tar.wait()
     if rc != 0:
         raise ColdstartError(f"tar of the runtime image's files failed: {err.strip().splitlines()[-1:] or rc}")
+    for old in docker_api.remove_other_tags(c, "coldstart", keep=""):  # built on the old runtime images
+        say(f"removed {old}")
+    for old in docker_api.remove_other_tags(c, "coldstart-runtime", keep=tag):
+        say(f"removed {old}")
     return ImageInfo(tag, iid, False, time.monotonic() - t0)
 
 
@@ -196,4 +200,5 @@ def app_image(c, repo_root: Path, say: Say = print, inputs: RuntimeInputs | None
         (Path(ctx) / "Dockerfile").write_text(DOCKERFILE.format(runtime=rt.tag, site=site))
         say(f"building {tag} on {rt.tag}")
         iid = docker_api.build(c, Path(ctx), tag)
+    docker_api.remove_other_tags(c, "coldstart", keep=tag)  # one app image per machine: the current code
     return ImageInfo(tag, iid, False, time.monotonic() - t0)
