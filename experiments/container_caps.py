@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from coldstart.containers import docker_api, run
+from coldstart.containers.bench import wait_port_closed
 
 DOCKER_DEFAULT = ["CHOWN", "DAC_OVERRIDE", "FSETID", "FOWNER", "MKNOD", "NET_RAW", "SETGID", "SETUID", "SETFCAP",
                   "SETPCAP", "NET_BIND_SERVICE", "SYS_CHROOT", "KILL", "AUDIT_WRITE"]
@@ -34,21 +35,8 @@ CASES = {
 }
 
 
-def _port_free(port: int, timeout: float = 30.0) -> None:
-    """The previous case's server must be gone: else this restore takes a private network (needs NET_ADMIN)."""
-    import socket
-
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) != 0:
-                return
-        time.sleep(0.2)
-    raise SystemExit(f"port {port} still in use after {timeout:.0f} s")
-
-
 def one(c, image: str, snap: Path, model: Path, sec: dict) -> dict:
-    _port_free(json.loads((snap / "manifest.json").read_text())["port"])
+    wait_port_closed(json.loads((snap / "manifest.json").read_text())["port"], timeout=30.0)
     t0 = time.monotonic()
     ctr = c.containers.run(image, ["/snapshot"], detach=True, shm_size=run.SHM_SIZE, network_mode="host",
                            tmpfs=run.STATE_TMPFS, volumes={str(snap): {"bind": "/snapshot", "mode": "ro"},

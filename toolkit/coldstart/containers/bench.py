@@ -9,7 +9,6 @@ model); cases are interleaved per repetition.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import statistics
 import time
@@ -21,12 +20,9 @@ from typing import Callable
 Say = Callable[[str], None]
 
 
-def _drop_caches() -> None:
-    os.sync()
-    Path("/proc/sys/vm/drop_caches").write_text("3\n")
-
-
-def _port_free(port: int, timeout: float = 60.0) -> None:
+def wait_port_closed(port: int, timeout: float = 60.0) -> None:
+    """Until nothing listens on 127.0.0.1:``port`` (the previous server must be gone: else a restore
+    finds its port busy and takes a private network)."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         with socket.socket() as s:
@@ -79,6 +75,7 @@ def run_bench(c, image: str, cases: list[tuple[str, Path, Path]], *, reps: int, 
               say: Say = print) -> list[dict]:
     """``cases``: (size name, model dir, snapshot dir). One record per (size, method, cache, rep)."""
     from coldstart.containers import run
+    from coldstart.criu.bench import drop_caches
 
     rows: list[dict] = []
     for rep in range(reps):
@@ -87,9 +84,9 @@ def run_bench(c, image: str, cases: list[tuple[str, Path, Path]], *, reps: int, 
             for cache in caches:
                 methods = ["restore", "naive"] if rep % 2 == 0 else ["naive", "restore"]
                 for method in methods:
-                    _port_free(port)
+                    wait_port_closed(port)
                     if cache == "cold":
-                        _drop_caches()
+                        drop_caches()
                     t0 = time.monotonic()
                     ctr = (run.start_restore(c, image, snap, model) if method == "restore"
                            else naive(c, image, model, port))

@@ -36,13 +36,6 @@ TOOLKIT = Path(__file__).resolve().parents[2]
 # page cache
 
 
-def drop_caches() -> None:
-    """Global drop (root) so that the next read comes from the disk."""
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
-
-
 def warm_file(path: Path, block: int = 64 * MiB) -> None:
     buf = bytearray(block)
     mv = memoryview(buf)
@@ -63,6 +56,8 @@ def resident(path: Path) -> float:
 def _cache(path: Path, cache: str) -> float:
     """Put ``path`` in the asked page-cache state; returns the sampled resident fraction."""
     if cache == "cold":
+        from coldstart.criu.bench import drop_caches
+
         drop_caches()
     else:
         warm_file(path)
@@ -335,9 +330,6 @@ class Holder:
                 raise RuntimeError("holder did not answer the verify request in time")
             time.sleep(0.05)
 
-    def expect_after_restore(self) -> None:
-        """A restored holder kept the count of checks from the dump; nothing to change here."""
-
     def stop(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
@@ -482,6 +474,8 @@ def criu_cuda_bench(work: Path, criu: Path, *, gib: float = 1.0, plugin_dir: Pat
             except subprocess.TimeoutExpired:
                 pass
             if mode == "driver_cold":
+                from coldstart.criu.bench import drop_caches
+
                 drop_caches()
             row["images_resident"] = resident(max((wd / "images").glob("pages-*.img"), key=lambda f: f.stat().st_size))
             t0 = time.perf_counter()
