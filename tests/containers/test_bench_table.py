@@ -4,13 +4,21 @@ from __future__ import annotations
 from coldstart.containers.bench import render
 
 
-def test_table_gives_medians_restored_counts_and_speed_up():
-    rows = [{"size": "tiny", "method": m, "cache": "warm", "rep": i, "first_token_s": t, **extra}
-            for i, (m, t, extra) in enumerate([("naive", 60.0, {}), ("naive", 70.0, {}),
-                                                ("restore", 1.0, {"restored": True}),
-                                                ("restore", 3.0, {"restored": False, "fallback_reason": "x"})])]
-    rows.append({"size": "tiny", "method": "restore", "cache": "cold", "rep": 0, "error": "RuntimeError: boom"})
+def test_table_gives_medians_restored_counts_speed_up_and_the_warming_bound():
+    rows = [{"size": "tiny", "method": "disk", "bw_bytes_s": 2**30, "gib_s": 1.0}]
+    rows += [{"size": "tiny", "method": m, "cache": "warm", "rep": i, "first_token_s": t, **extra}
+             for i, (m, t, extra) in enumerate([("naive", 60.0, {}), ("naive", 70.0, {}),
+                                                 ("restore", 1.0, {"restored": True}),
+                                                 ("restore", 3.0, {"restored": False, "fallback_reason": "x"})])]
+    rows += [{"size": "tiny", "method": "restore", "cache": "cold", "rep": 0, "first_token_s": 4.0,
+              "restored": True, "disk_read_bytes": 3 * 2**30},
+             {"size": "tiny", "method": "restore+hostwarm", "cache": "cold", "rep": 0, "first_token_s": 3.3,
+              "restored": True},
+             {"size": "tiny", "method": "naive", "cache": "cold", "rep": 0, "error": "RuntimeError: boom"}]
     t = render(rows, "Host: test", "coldstart bench container")
-    assert "| tiny | warm | 65.00 (2) | 2.00 (2) | 1/2 | **32.5x** |" in t
-    assert "| tiny | cold | - | - | 0/1 | - |" in t
-    assert "- tiny restore cold rep 0: RuntimeError: boom" in t
+    assert "| tiny | warm | 65.00 (2) | 2.00 (2) | - | 1/2 | **32.5x** |" in t
+    assert "| tiny | cold | - (0) | 4.00 (1) | 3.30 (1) | 2/2 | - |" in t
+    # bound = max(warm restore 2.0 s, 3 GiB / 1 GiB/s = 3.0 s) = 3.0 s; 3.3 / 3.0 = 1.10x
+    assert "| tiny | 1.00 | 3.00 | 3.00 | 2.00 | 3.00 | 3.30 | **1.10x** | 4.00 |" in t
+    assert "- tiny naive cold rep 0: RuntimeError: boom" in t
+    assert "- tiny restore warm rep 3: x" in t

@@ -1,16 +1,21 @@
-"""A snapshot taken inside a container and restored in a new container from a read-only mount serves
-the canary's completion through the host's port (broad security settings for now: docs/containers.md)."""
+"""A snapshot taken inside a container restores in new least-privilege containers from a read-only
+mount: one serves the canary's completion through its published port and turns healthy; three at
+once all restore; one lacking a required capability says which and still serves (cold boot)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
 from coldstart.containers import run
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "containers.md"
 
 
 def _free_port() -> int:
@@ -21,12 +26,11 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="session")
 def container_snapshot(docker_client, app_image, tiny_model_dir, tmp_path_factory):
-    port = _free_port()
-    res = run.checkpoint(docker_client, app_image.tag, tiny_model_dir, tmp_path_factory.mktemp("csnap") / "tiny",
-                         port=port)
+    res = run.checkpoint(docker_client, app_image.tag, tiny_model_dir, tmp_path_factory.mktemp("csnap") / "tiny")
     assert res.exit_code == 0, res.logs[-3000:]
     assert (res.snapshot / "manifest.json").exists()
-    yield res.snapshot, port
+    assert json.loads((res.snapshot / "manifest.json").read_text())["server_caps"] == []
+    yield res.snapshot
     shutil.rmtree(res.snapshot.parent, ignore_errors=True)  # 2.4 GB: pytest keeps three sessions' tmp dirs
 
 
@@ -38,23 +42,81 @@ def _completion(port: int, model: str) -> dict:
         return json.loads(r.read())
 
 
+def _summary(ctr, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    logs = ""
+    while time.monotonic() < deadline:
+        logs = ctr.logs().decode(errors="replace")
+        line = next((ln for ln in logs.splitlines() if ln.startswith('{"url"')), None)
+        if line:
+            return json.loads(line)
+        ctr.reload()
+        assert ctr.status in ("created", "running"), logs[-3000:]
+        time.sleep(0.2)
+    raise AssertionError(f"no summary line in {timeout:.0f} s: {logs[-3000:]}")
+
+
 def test_restore_in_a_new_container_from_a_read_only_mount(docker_client, app_image, container_snapshot,
                                                            tiny_model_dir):
-    snap, port = container_snapshot
-    ctr = run.start_restore(docker_client, app_image.tag, snap, tiny_model_dir)
+    port = _free_port()
+    ctr = run.start_restore(docker_client, app_image.tag, container_snapshot, tiny_model_dir, port)
     try:
-        deadline = time.monotonic() + 240
-        logs = ""
-        while time.monotonic() < deadline:
-            logs = ctr.logs().decode(errors="replace")
-            if '"restored": ' in logs:
-                break
+        summary = _summary(ctr, 240)
+        assert summary["restored"] is True and summary["canary_ok"] is True, summary
+        assert "ENTRYPOINT_START" not in summary["events"]  # no COLDSTART_T0 given: the clock starts inside
+        out = _completion(port, str(tiny_model_dir))
+        assert out["choices"][0]["text"], out
+        deadline = time.monotonic() + 30
+        while ctr.attrs["State"].get("Health", {}).get("Status") != "healthy" and time.monotonic() < deadline:
+            time.sleep(0.5)
             ctr.reload()
-            assert ctr.status in ("created", "running"), logs[-3000:]
-            time.sleep(0.2)
-        summary = json.loads(next(ln for ln in logs.splitlines() if ln.startswith('{"url"')))
-        assert summary["restored"] is True and summary["canary_ok"] is True, logs[-3000:]
+        assert ctr.attrs["State"]["Health"]["Status"] == "healthy", ctr.attrs["State"].get("Health")
+        caps = ctr.attrs["HostConfig"]
+        assert caps["CapDrop"] == ["ALL"] and sorted(caps["CapAdd"]) == run.RESTORE_CAPS
+        assert not any("seccomp=unconfined" in o for o in caps.get("SecurityOpt") or [])
+    finally:
+        ctr.remove(force=True)
+
+
+def test_three_containers_restore_the_same_read_only_snapshot_at_once(docker_client, app_image, container_snapshot,
+                                                                      tiny_model_dir):
+    ports = [_free_port() for _ in range(3)]
+    ctrs = [run.create_restore(docker_client, app_image.tag, container_snapshot, tiny_model_dir, p) for p in ports]
+    try:
+        for ctr in ctrs:
+            ctr.start()
+        summaries = [_summary(ctr, 300) for ctr in ctrs]
+        assert [s["restored"] for s in summaries] == [True] * 3, summaries
+        assert all(s["canary_ok"] for s in summaries), summaries
+        texts = [_completion(p, str(tiny_model_dir))["choices"][0]["text"] for p in ports]
+        assert len(set(texts)) == 1 and texts[0], texts  # greedy, same weights: the same answer
+    finally:
+        for ctr in ctrs:
+            ctr.remove(force=True)
+
+
+def test_a_missing_capability_is_named_and_the_cold_boot_serves(docker_client, app_image, container_snapshot,
+                                                                tiny_model_dir):
+    port = _free_port()
+    ctr = run.start_restore(docker_client, app_image.tag, container_snapshot, tiny_model_dir, port,
+                            security=run.security_without("SYS_TIME"))
+    try:
+        summary = _summary(ctr, 600)
+        assert summary["restored"] is False, summary
+        assert "CAP_SYS_TIME" in summary["fallback_reason"], summary
+        assert "fallback: this container lacks CAP_SYS_TIME" in ctr.logs().decode(errors="replace")
         out = _completion(port, str(tiny_model_dir))
         assert out["choices"][0]["text"], out
     finally:
         ctr.remove(force=True)
+
+
+def _caps_in_docs(heading: str) -> list[str]:
+    text = DOCS.read_text()
+    section = text.split(heading, 1)[1].split("\n#", 1)[0]
+    return sorted(re.findall(r"^\| `CAP_([A-Z_]+)`", section, flags=re.M))
+
+
+def test_the_capability_lists_in_the_docs_are_what_the_containers_get():
+    assert _caps_in_docs("### The restore container's capabilities") == run.RESTORE_CAPS
+    assert _caps_in_docs("### The checkpoint container's capabilities") == run.CHECKPOINT_CAPS

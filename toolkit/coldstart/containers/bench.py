@@ -3,8 +3,10 @@ timed from the docker-py create call to the first completion answered through th
 
 Naive: the runtime image running vLLM's OpenAI server as a user would (docker's default security,
 1 GiB /dev/shm). Restore: the image's entrypoint restoring a snapshot that was checkpointed in a
-container, mounted read-only. Cold cells drop the page cache first (the snapshot, the venv, the
-model); cases are interleaved per repetition.
+container, mounted read-only, least privilege (run.RESTORE_SECURITY). Restore + host warming: the
+same, with the host warming the snapshot from the create call on, overlapped with container create
+and start. Each container is on our bridge network with its port published. Cold cells drop the page
+cache first (the snapshot, the image's files, the model); the methods' order turns every repetition.
 """
 from __future__ import annotations
 
@@ -63,69 +65,141 @@ def _summary(ctr, deadline: float) -> dict:
     return {}
 
 
-def naive(c, image: str, model: Path, port: int, kv_cache_bytes: int = 256 << 20):
-    return c.containers.run(image, ["-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-                                    "--host", "127.0.0.1", "--port", str(port), "--seed", "0",
-                                    "--kv-cache-memory-bytes", str(kv_cache_bytes)],
-                            entrypoint=["python3"], detach=True, network_mode="host", shm_size="1g",
-                            volumes={str(model): {"bind": str(model), "mode": "ro"}})
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def host_warm(snap: Path):
+    """Warm the snapshot's pages images and weights on the host, in the recorded profile's order
+    (the container's libraries are its own files: not warmed here). Returns the started warmer."""
+    from coldstart.warm import start_warming
+
+    m = json.loads((snap / "manifest.json").read_text())
+    paths = sorted((snap / "criu").glob("pages-*.img"))
+    if m.get("weights", {}).get("flat"):
+        paths.append(snap / m["weights"]["flat"])
+    return start_warming(paths, profile="auto", record="off", mapped=False, rest="now")
+
+
+def one_start(c, image: str, method: str, model: Path, snap: Path) -> dict:
+    """One container start, timed from the docker-py create call (COLDSTART_T0, passed in) to the first
+    completion through the published port. ``method``: naive | restore | restore+hostwarm."""
+    from coldstart.containers import run
+    from coldstart.warm.bench import block_device, device_read_bytes
+
+    dev = block_device(snap)
+    port = _free_port()
+    read0 = device_read_bytes(dev)
+    t0, wall0 = time.monotonic(), time.time()
+    warmer = host_warm(snap) if method == "restore+hostwarm" else None
+    if method == "naive":
+        ctr = run.create_naive(c, image, model, port)
+    else:
+        ctr = run.create_restore(c, image, snap, model, port, env={"COLDSTART_T0": repr(wall0)})
+    row: dict = {"created_s": round(time.monotonic() - t0, 3)}
+    try:
+        ctr.start()
+        row["started_s"] = round(time.monotonic() - t0, 3)
+        t1 = _first_completion(port, str(model), t0 + 900, ctr)
+        row["first_token_s"] = round(t1 - t0, 3)
+        row["disk_read_bytes"] = device_read_bytes(dev) - read0
+        if method != "naive":  # its summary line follows the first token
+            summ = _summary(ctr, time.monotonic() + 60)
+            row["restored"] = summ.get("restored")
+            row["fallback_reason"] = summ.get("fallback_reason")
+            row["events"] = summ.get("events")
+    except Exception as e:  # noqa: BLE001 - recorded; the next cell still runs
+        row["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        if warmer is not None:
+            st = warmer.wait()
+            row["host_warm"] = {"bytes": getattr(st, "bytes", None), "seconds": getattr(st, "seconds", None)}
+        ctr.remove(force=True)
+    return row
+
+
+def disk_bandwidth(snap: Path) -> dict:
+    """The disk's sequential read bandwidth, on the snapshot's largest file (evicted before each read)."""
+    from coldstart.warm.bench import best_bandwidth
+
+    big = max((p for p in snap.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    return {"file": big.name, **best_bandwidth(big)}
 
 
 def run_bench(c, image: str, cases: list[tuple[str, Path, Path]], *, reps: int, caches: tuple[str, ...],
-              say: Say = print) -> list[dict]:
-    """``cases``: (size name, model dir, snapshot dir). One record per (size, method, cache, rep)."""
-    from coldstart.containers import run
+              say: Say = print, methods: tuple[str, ...] = ("naive", "restore", "restore+hostwarm")) -> list[dict]:
+    """``cases``: (size name, model dir, snapshot dir). One record per (size, method, cache, rep);
+    restore+hostwarm runs in cold cells only (with a warm cache it is the plain restore). The order of
+    the methods turns around every repetition."""
     from coldstart.criu.bench import drop_caches
 
     rows: list[dict] = []
+    for size, _model, snap in cases:
+        bw = disk_bandwidth(snap)
+        rows.append({"size": size, "method": "disk", **bw})
+        say(json.dumps(rows[-1]))
     for rep in range(reps):
         for size, model, snap in cases:
-            port = json.loads((snap / "manifest.json").read_text())["port"]
             for cache in caches:
-                methods = ["restore", "naive"] if rep % 2 == 0 else ["naive", "restore"]
-                for method in methods:
-                    wait_port_closed(port)
+                ms = [m for m in methods if not (m == "restore+hostwarm" and cache == "warm")]
+                for method in (ms if rep % 2 == 0 else ms[::-1]):
                     if cache == "cold":
                         drop_caches()
-                    t0 = time.monotonic()
-                    ctr = (run.start_restore(c, image, snap, model) if method == "restore"
-                           else naive(c, image, model, port))
-                    row = {"size": size, "method": method, "cache": cache, "rep": rep}
-                    try:
-                        t1 = _first_completion(port, str(model), t0 + 900, ctr)
-                        row["first_token_s"] = round(t1 - t0, 3)
-                        if method == "restore":  # its summary line follows the first token
-                            summ = _summary(ctr, time.monotonic() + 60)
-                            row["restored"] = summ.get("restored")
-                            row["fallback_reason"] = summ.get("fallback_reason")
-                    except Exception as e:  # noqa: BLE001 - recorded; the next cell still runs
-                        row["error"] = f"{type(e).__name__}: {e}"
-                    finally:
-                        ctr.remove(force=True)
+                    row = {"size": size, "method": method, "cache": cache, "rep": rep,
+                           **one_start(c, image, method, model, snap)}
                     rows.append(row)
                     say(json.dumps(row))
     return rows
 
 
+def _med(rows: list[dict], key: str = "first_token_s") -> float | None:
+    v = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.median(v) if v else None
+
+
 def render(rows: list[dict], host: str, command: str) -> str:
+    """Medians per (model, cache, method); the speed-up of the restore over the naive start; and the
+    overlapped-warming check: cold restore+hostwarm against max(warm restore, bytes a cold restore
+    reads from the disk / the disk's bandwidth measured in this run)."""
+    fmt = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
     L = ["# Container restore vs naive container start (first token, from the docker-py create call)", "",
          f"`{command}`", "", host, "",
-         "| model | cache | naive median (s) | restore median (s) | restores that restored | speed-up |",
-         "|---|---|---|---|---|---|"]
-    for size in dict.fromkeys(r["size"] for r in rows):
-        for cache in dict.fromkeys(r["cache"] for r in rows):
-            nv = [r["first_token_s"] for r in rows if r["size"] == size and r["cache"] == cache
-                  and r["method"] == "naive" and "first_token_s" in r]
-            rs = [r for r in rows if r["size"] == size and r["cache"] == cache and r["method"] == "restore"]
-            rv = [r["first_token_s"] for r in rs if "first_token_s" in r]
-            ok = sum(1 for r in rs if r.get("restored"))
-            if not nv or not rv:
-                L.append(f"| {size} | {cache} | {statistics.median(nv) if nv else '-'} | "
-                         f"{statistics.median(rv) if rv else '-'} | {ok}/{len(rs)} | - |")
-                continue
-            n, r = statistics.median(nv), statistics.median(rv)
-            L.append(f"| {size} | {cache} | {n:.2f} ({len(nv)}) | {r:.2f} ({len(rv)}) | {ok}/{len(rs)} | **{n / r:.1f}x** |")
+         "| model | cache | naive (s) | restore (s) | restore + host warming (s) | restored | speed-up |",
+         "|---|---|---|---|---|---|---|"]
+    sizes = list(dict.fromkeys(r["size"] for r in rows if r["method"] != "disk"))
+    for size in sizes:
+        for cache in dict.fromkeys(r["cache"] for r in rows if r["method"] != "disk"):
+            cell = {m: [r for r in rows if r["size"] == size and r.get("cache") == cache and r["method"] == m]
+                    for m in ("naive", "restore", "restore+hostwarm")}
+            n, r, h = (_med(cell[m]) for m in ("naive", "restore", "restore+hostwarm"))
+            rs = cell["restore"] + cell["restore+hostwarm"]
+            ok = sum(1 for x in rs if x.get("restored"))
+            cnt = lambda m: f" ({len([x for x in cell[m] if 'first_token_s' in x])})"  # noqa: E731
+            L.append(f"| {size} | {cache} | {fmt(n)}{cnt('naive')} | {fmt(r)}{cnt('restore')} | "
+                     f"{fmt(h)}{cnt('restore+hostwarm') if cell['restore+hostwarm'] else ''} | {ok}/{len(rs)} | "
+                     + (f"**{n / r:.1f}x**" if n and r else "-") + " |")
+    L += ["", "Overlapped warming (cold cache): restore + host warming against the bound "
+          "max(warm restore, bytes a cold restore reads from the disk / the disk's bandwidth).", "",
+          "| model | disk bandwidth (GiB/s) | cold restore reads (GiB) | read time (s) | warm restore (s) | bound (s) "
+          "| restore + host warming (s) | ratio to bound | restore alone, cold (s) |", "|---|---|---|---|---|---|---|---|---|"]
+    for size in sizes:
+        disk = next((r for r in rows if r["size"] == size and r["method"] == "disk"), None)
+        sel = lambda m, c: [r for r in rows if r["size"] == size and r["method"] == m and r.get("cache") == c]  # noqa: E731
+        warm, hw, cold = _med(sel("restore", "warm")), _med(sel("restore+hostwarm", "cold")), _med(sel("restore", "cold"))
+        nbytes = _med(sel("restore", "cold"), "disk_read_bytes")
+        if not disk or warm is None or hw is None or nbytes is None:
+            continue
+        read_s = nbytes / disk["bw_bytes_s"]
+        bound = max(warm, read_s)
+        L.append(f"| {size} | {disk['gib_s']:.2f} | {nbytes / 2**30:.2f} | {read_s:.2f} | {warm:.2f} | {bound:.2f} "
+                 f"| {hw:.2f} | **{hw / bound:.2f}x** | {fmt(cold)} |")
     errs = [r for r in rows if r.get("error")]
     if errs:
         L += ["", "Errors:"] + [f"- {r['size']} {r['method']} {r['cache']} rep {r['rep']}: {r['error'][:200]}" for r in errs]
+    fb = [r for r in rows if r.get("fallback_reason")]
+    if fb:
+        L += ["", "Fallbacks:"] + [f"- {r['size']} {r['method']} {r['cache']} rep {r['rep']}: {r['fallback_reason'][:200]}"
+                                   for r in fb]
     return "\n".join(L) + "\n"

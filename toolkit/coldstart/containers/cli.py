@@ -43,35 +43,84 @@ def info_command(host: Optional[str] = typer.Option(None, "--host")) -> None:
 def checkpoint_command(
     model: Path = typer.Argument(..., help="model directory (mounted read-only at its own path)"),
     out: Path = typer.Option(..., "--out", help="snapshot directory to create on the host"),
-    port: int = typer.Option(18765, "--port", help="the server's port (host network)"),
     host: Optional[str] = typer.Option(None, "--host"),
 ) -> None:
-    """Checkpoint MODEL inside a container of the runtime image; the snapshot lands in OUT on the host."""
+    """Checkpoint MODEL inside a container of the image; the snapshot lands in OUT on the host. The
+    server runs without capabilities, so the snapshot restores in a least-privilege container."""
     from coldstart.containers import docker_api, image, run
     from coldstart.errors import ColdstartError
 
     c = docker_api.client(host)
     img = image.app_image(c, Path(__file__).resolve().parents[3], say=lambda m: typer.echo(m, err=True))
-    res = run.checkpoint(c, img.tag, model, out, port=port)
+    res = run.checkpoint(c, img.tag, model, out)
     typer.echo(res.logs.rstrip())
     if res.exit_code != 0:
         raise ColdstartError(f"checkpoint container exited with {res.exit_code}")
     typer.echo(f"snapshot: {res.snapshot} ({res.seconds:.0f} s, from the container's create call)")
 
 
+def _serve_container(c, ctr, port: int, t0: float, warmer=None) -> None:
+    """Follow a started container until its entrypoint's summary line, print it with the host's timings."""
+    import json as _json
+    import time
+
+    from coldstart.containers.bench import _summary
+
+    summ = _summary(ctr, time.monotonic() + 900)
+    if warmer is not None:
+        warmer.wait()
+    ctr.reload()
+    typer.echo(_json.dumps({"container": ctr.id[:12], "url": f"http://127.0.0.1:{port}",
+                            "status": ctr.status, "seconds_from_create": round(time.monotonic() - t0, 2), **summ}))
+
+
 @container_app.command("restore")
 def restore_command(
     snapshot: Path = typer.Argument(..., help="snapshot directory on the host (mounted read-only)"),
     model: Path = typer.Option(..., "--model", help="the model directory the snapshot was taken from"),
+    port: int = typer.Option(8000, "--port", help="host port (127.0.0.1) published to the container's 8000"),
+    name: Optional[str] = typer.Option(None, "--name", help="container name"),
+    host_warm: bool = typer.Option(True, "--host-warm/--no-host-warm",
+                                   help="warm the snapshot's page cache from the host, from the create call on"),
     host: Optional[str] = typer.Option(None, "--host"),
 ) -> None:
-    """Start a container that restores SNAPSHOT (entrypoint `coldstart restore`); prints its id."""
+    """Start a container that restores SNAPSHOT (entrypoint `coldstart restore`, least privilege, its own
+    network, the port published) and wait for its summary line (restored or fallback, and why)."""
+    import time
+
     from coldstart.containers import docker_api, image, run
+    from coldstart.containers.bench import host_warm as start_host_warm
 
     c = docker_api.client(host)
     img = image.app_image(c, Path(__file__).resolve().parents[3], say=lambda m: typer.echo(m, err=True))
-    ctr = run.start_restore(c, img.tag, snapshot, model)
-    typer.echo(ctr.id)
+    t0, wall0 = time.monotonic(), time.time()
+    warmer = start_host_warm(snapshot) if host_warm else None
+    ctr = run.create_restore(c, img.tag, snapshot, model, port, name=name, env={"COLDSTART_T0": repr(wall0)})
+    ctr.start()
+    _serve_container(c, ctr, port, t0, warmer)
+
+
+@container_app.command("run-cold")
+def run_cold_command(
+    model: Path = typer.Argument(..., help="model directory (mounted read-only)"),
+    port: int = typer.Option(8000, "--port", help="host port (127.0.0.1) published to the container's 8000"),
+    host: Optional[str] = typer.Option(None, "--host"),
+) -> None:
+    """The naive container start, to compare with: vLLM's own server in the same image, docker's default
+    security; prints the seconds from the create call to the first completion."""
+    import time
+
+    from coldstart.containers import docker_api, image, run
+    from coldstart.containers.bench import _first_completion
+
+    c = docker_api.client(host)
+    img = image.app_image(c, Path(__file__).resolve().parents[3], say=lambda m: typer.echo(m, err=True))
+    t0 = time.monotonic()
+    ctr = run.create_naive(c, img.tag, model, port)
+    ctr.start()
+    t1 = _first_completion(port, str(Path(model).resolve()), t0 + 900, ctr)
+    typer.echo(json.dumps({"container": ctr.id[:12], "url": f"http://127.0.0.1:{port}",
+                           "first_token_s_from_create": round(t1 - t0, 2)}))
 
 
 def bench_container(
@@ -82,10 +131,10 @@ def bench_container(
     out: Path = typer.Option(Path("results/container"), help="results directory (raw.jsonl, table.md, COMMAND)"),
     host: Optional[str] = typer.Option(None, "--host"),
 ) -> None:
-    """Container restore vs naive container start, first token from the docker-py create call."""
+    """Container restore (with and without host warming overlapped with create) vs the naive container
+    start, first token from the docker-py create call; the disk's bandwidth measured in the same run."""
     import os
     import shlex
-    import socket
     import sys
 
     from coldstart.containers import bench as cbench
@@ -107,11 +156,8 @@ def bench_container(
             make_tiny(model, size=size, seed=0)
         snap = work / img.tag.replace(":", "-") / size
         if not (snap / "manifest.json").exists():
-            with socket.socket() as s_:
-                s_.bind(("127.0.0.1", 0))
-                port = s_.getsockname()[1]
             say(f"checkpointing {size} in a container -> {snap}")
-            res = run.checkpoint(c, img.tag, model, snap, port=port)
+            res = run.checkpoint(c, img.tag, model, snap)
             if res.exit_code != 0:
                 raise ColdstartError(f"checkpoint of {size} in a container failed: {res.logs.strip().splitlines()[-1:]}")
         cases.append((size, model, snap))

@@ -66,6 +66,22 @@ def daemon_facts(c) -> DaemonFacts:
                        seccomp="seccomp" in sec, runtime=str(info.get("DefaultRuntime", "")))
 
 
+NETWORK = "coldstart"  # a user-defined bridge: each container its own network namespace, ports published
+
+
+def ensure_network(c, name: str = NETWORK) -> str:
+    """Our bridge network (created once; dockerd runs without the default bridge). Returns its name."""
+    import docker
+
+    if not c.networks.list(names=[name]):
+        try:
+            c.networks.create(name, driver="bridge", check_duplicate=True)
+        except docker.errors.APIError as e:
+            if "already exists" not in str(e):
+                raise ColdstartError(f"cannot create docker network {name}: {e}") from None
+    return name
+
+
 def image_id(c, tag: str) -> str | None:
     """The image's id, or None when the daemon has no image by that tag."""
     import docker

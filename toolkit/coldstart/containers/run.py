@@ -1,10 +1,21 @@
-"""Checkpoint and restore containers (docker-py through docker_api's client).
+"""Checkpoint, restore and naive containers (docker-py through docker_api's client).
 
-Security, as measured so far (results/containers-caps, docs/containers.md): the checkpoint needs no
-seccomp filter (CRIU suspends the tasks' filters to dump them); the restore runs under docker's
-default seccomp profile. Both still get every capability but SYS_RESOURCE (absent from this machine's
-bounding set): dropping NET_ADMIN or SYS_TIME made the restore fail, and SYS_ADMIN + SYS_PTRACE +
-NET_ADMIN + SYS_TIME over docker's defaults did not finish in 240 s. The least set is still open.
+Security, measured (experiments/container_least_caps.py, results/containers-least-caps,
+docs/containers.md):
+- the checkpoint starts its server with no capabilities (``--server-caps none``). CRIU gives every
+  restored task back its dumped set and can only lower its own, so such a snapshot restores under
+  whatever CRIU itself needs; a server dumped holding a capability the restoring container lacks
+  made the restore hang;
+- the restore container drops every capability and adds only ``criu.caps.RESTORE_NEEDS``, under
+  docker's default seccomp profile;
+- the checkpoint container has the same set plus SETPCAP (setpriv empties the server's bounding set;
+  CRIU's dump needed no SYS_PTRACE: it holds a superset of the server's capabilities), and no seccomp
+  filter (CRIU must suspend the tasks' filters to dump).
+
+Network: every container is on our bridge network (docker_api.NETWORK: its own network namespace,
+like a pod) with the server's port published on the host's loopback. Inside, the entrypoint restores
+into a private network namespace and forwards the container's port (the image's COLDSTART_* env), so
+any number of replicas of one snapshot run at once.
 """
 from __future__ import annotations
 
@@ -13,10 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-BROAD_SECURITY: dict[str, Any] = {"cap_add": ["ALL"], "cap_drop": ["SYS_RESOURCE"],
-                                  "security_opt": ["seccomp=unconfined"]}
-CHECKPOINT_SECURITY = BROAD_SECURITY
-RESTORE_SECURITY: dict[str, Any] = {"cap_add": ["ALL"], "cap_drop": ["SYS_RESOURCE"]}  # docker's default seccomp
+from coldstart.criu.caps import RESTORE_NEEDS
+
+CONTAINER_PORT = 8000  # the port a server listens on inside every container (the image's COLDSTART_PORT)
+RESTORE_CAPS = sorted(RESTORE_NEEDS)
+CHECKPOINT_CAPS = sorted({*RESTORE_NEEDS, "SETPCAP"})
+RESTORE_SECURITY: dict[str, Any] = {"cap_drop": ["ALL"], "cap_add": RESTORE_CAPS}  # docker's default seccomp
+CHECKPOINT_SECURITY: dict[str, Any] = {"cap_drop": ["ALL"], "cap_add": CHECKPOINT_CAPS,
+                                       "security_opt": ["seccomp=unconfined"]}
 STATE_TMPFS = {"/run/coldstart": "rw,exec,size=4g"}  # per-replica state: overlay upper dirs need a non-overlay fs
 SHM_SIZE = "1g"  # vLLM's shared-memory buffers need more than docker's 64 MiB default
 
@@ -29,14 +44,23 @@ class CheckpointRun:
     snapshot: Path
 
 
-def checkpoint(c, image: str, model: Path, out: Path, *, port: int, extra: list[str] | None = None) -> CheckpointRun:
+def security_without(cap: str) -> dict[str, Any]:
+    """The restore's settings less one capability (to show what its absence does)."""
+    return {**RESTORE_SECURITY, "cap_add": [c for c in RESTORE_CAPS if c != cap]}
+
+
+def checkpoint(c, image: str, model: Path, out: Path, *, extra: list[str] | None = None) -> CheckpointRun:
     """``coldstart checkpoint`` inside a container: the model mounted read-only at its own path,
     ``out``'s parent mounted read-write at /out (the snapshot is published there by a rename)."""
+    from coldstart.containers import docker_api
+
     model, out = Path(model).resolve(), Path(out).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
-    cmd = ["checkpoint", str(model), "--out", f"/out/{out.name}", "--port", str(port), *(extra or [])]
+    cmd = ["checkpoint", str(model), "--out", f"/out/{out.name}", "--port", str(CONTAINER_PORT),
+           "--server-caps", "none", *(extra or [])]
     t0 = time.monotonic()
-    ctr = c.containers.run(image, cmd, entrypoint=["coldstart"], detach=True, shm_size=SHM_SIZE, network_mode="host",
+    ctr = c.containers.run(image, cmd, entrypoint=["coldstart"], detach=True, shm_size=SHM_SIZE,
+                           network=docker_api.ensure_network(c),
                            volumes={str(model): {"bind": str(model), "mode": "ro"},
                                     str(out.parent): {"bind": "/out", "mode": "rw"}},
                            environment={"TMPDIR": "/out"}, **CHECKPOINT_SECURITY)
@@ -48,13 +72,39 @@ def checkpoint(c, image: str, model: Path, out: Path, *, port: int, extra: list[
     return CheckpointRun(int(res.get("StatusCode", -1)), logs, time.monotonic() - t0, out)
 
 
-def start_restore(c, image: str, snapshot: Path, model: Path, *, name: str | None = None,
-                  extra: list[str] | None = None):
-    """A container whose entrypoint restores ``snapshot`` (mounted read-only at /snapshot), with a
-    tmpfs for its per-replica state; returns the running container (the caller removes it)."""
+def create_restore(c, image: str, snapshot: Path, model: Path, host_port: int, *, name: str | None = None,
+                   extra: list[str] | None = None, security: dict[str, Any] | None = None,
+                   env: dict[str, str] | None = None):
+    """A created (not started) container whose entrypoint restores ``snapshot`` (mounted read-only at
+    /snapshot), with a tmpfs for its per-replica state and its port published on 127.0.0.1:``host_port``.
+    Creating and starting are separate so that the caller can time each (and warm in between)."""
+    from coldstart.containers import docker_api
+
     snapshot, model = Path(snapshot).resolve(), Path(model).resolve()
-    return c.containers.run(image, ["/snapshot", *(extra or [])], detach=True, name=name, shm_size=SHM_SIZE,
-                            network_mode="host", tmpfs=STATE_TMPFS,
-                            volumes={str(snapshot): {"bind": "/snapshot", "mode": "ro"},
-                                     str(model): {"bind": str(model), "mode": "ro"}},
-                            **RESTORE_SECURITY)
+    return c.containers.create(image, ["/snapshot", *(extra or [])], name=name, shm_size=SHM_SIZE,
+                               network=docker_api.ensure_network(c), tmpfs=STATE_TMPFS,
+                               ports={f"{CONTAINER_PORT}/tcp": ("127.0.0.1", host_port)}, environment=env or {},
+                               volumes={str(snapshot): {"bind": "/snapshot", "mode": "ro"},
+                                        str(model): {"bind": str(model), "mode": "ro"}},
+                               **(RESTORE_SECURITY if security is None else security))
+
+
+def start_restore(c, image: str, snapshot: Path, model: Path, host_port: int, **kw):
+    """``create_restore`` and start it; returns the running container (the caller removes it)."""
+    ctr = create_restore(c, image, snapshot, model, host_port, **kw)
+    ctr.start()
+    return ctr
+
+
+def create_naive(c, image: str, model: Path, host_port: int, kv_cache_bytes: int = 256 << 20):
+    """The naive start a user would write: vLLM's OpenAI server in the runtime image, docker's default
+    security, the model mounted read-only, the same network and port publishing as a restore."""
+    from coldstart.containers import docker_api
+
+    model = Path(model).resolve()
+    return c.containers.create(image, ["-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+                                       "--host", "0.0.0.0", "--port", str(CONTAINER_PORT), "--seed", "0",
+                                       "--kv-cache-memory-bytes", str(kv_cache_bytes)],
+                               entrypoint=["python3"], shm_size=SHM_SIZE, network=docker_api.ensure_network(c),
+                               ports={f"{CONTAINER_PORT}/tcp": ("127.0.0.1", host_port)},
+                               volumes={str(model): {"bind": str(model), "mode": "ro"}})

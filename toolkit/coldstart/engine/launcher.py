@@ -56,6 +56,10 @@ class EngineSpec:
     run_dir_seen_at: Path | None = None
     # SIGKILL the server when the process that started it dies (a killed checkpoint leaves no server)
     die_with_parent: bool = False
+    # Start the server with no capabilities (setpriv: empty bounding and inheritable sets). CRIU gives
+    # a restored task back its dumped sets and can only lower its own, so a server dumped with none
+    # restores under any set that CRIU itself needs (a least-privilege container).
+    drop_caps: bool = False
 
     def __post_init__(self) -> None:
         self.model = Path(self.model)
@@ -77,7 +81,7 @@ class EngineSpec:
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"http://{client_host(self.host)}:{self.port}"
 
     @property
     def log_path(self) -> Path:
@@ -116,6 +120,11 @@ class EngineSpec:
         cmd = [self.python, "-m", VLLM_SERVER_MODULE, *self.vllm_args()]
         if self.no_io_uring:
             cmd = [self.python, "-m", "coldstart.engine.noiouring", "--", *cmd]
+        if self.drop_caps:
+            setpriv = shutil.which("setpriv")
+            if not setpriv:
+                raise ColdstartError("`setpriv` (util-linux) not found: needed to start the server without capabilities")
+            cmd = [setpriv, "--bounding-set", "-all", "--inh-caps", "-all", "--", *cmd]
         return cmd
 
     def env_overrides(self) -> dict[str, str]:
@@ -330,6 +339,11 @@ def bind_run_dir_argv(host_dir: Path, seen_at: Path, argv: list[str]) -> list[st
               '&& shift 2 && exec "$@"')
     return [_unshare(), "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script, "sh",
             str(seen_at), str(host_dir), *argv]
+
+
+def client_host(listen: str) -> str:
+    """Where a local client reaches a server listening on ``listen`` (a wildcard: loopback)."""
+    return "127.0.0.1" if listen in ("0.0.0.0", "") else "[::1]" if listen == "::" else listen
 
 
 def _unshare() -> str:

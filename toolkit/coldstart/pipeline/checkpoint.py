@@ -22,6 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+from coldstart.criu import caps
 from coldstart.criu import server as _criu
 from coldstart.errors import ColdstartError
 from coldstart.fsutil import fsync_dir, fsync_tree
@@ -51,6 +52,7 @@ class CheckpointOptions:
     ready_timeout: float = 900.0
     sleep: bool | None = None  # None: sleep level 2 when our CPU sleep worker is installed
     served_model_name: str | None = None
+    server_caps: str = "keep"  # keep (the checkpoint's own) | none (launcher.EngineSpec.drop_caps)
 
 
 def sleep_worker_available() -> bool:
@@ -129,6 +131,8 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
     out = Path(opts.out).absolute()
     if not (model / "config.json").is_file():
         raise ColdstartError(f"model {model} not found (expected a Hugging Face model dir with config.json)")
+    if opts.server_caps not in ("keep", "none"):
+        raise ColdstartError(f"--server-caps must be keep or none, not {opts.server_caps!r}")
     criu = _criu.find(opts.criu_variant)  # fail before spending a minute on the engine
     host = hostfacts.collect(criu)
     if not port_free("127.0.0.1", opts.port):
@@ -149,7 +153,7 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
         spec = EngineSpec(model=model, run_dir=staging / "run", port=opts.port, kv_cache_bytes=opts.kv_cache_bytes,
                           sleep_mode=sleep, extra_args=list(opts.engine_args), device=device,
                           served_model_name=opts.served_model_name, run_dir_seen_at=Path(ENGINE_RUN_DIR),
-                          die_with_parent=True)
+                          die_with_parent=True, drop_caps=opts.server_caps == "none")
         say(f"starting vLLM on {spec.base_url} (run dir {spec.run_dir}, seen by the server at {ENGINE_RUN_DIR})")
         # Host PID namespace on purpose: vLLM's CPU worker reads /proc/<its pid>/status, and in a PID
         # namespace without its own /proc (a private /proc breaks CRIU here) that path is another
@@ -198,6 +202,10 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
         log_sizes = {spec.log_path.name: spec.log_path.stat().st_size}
         shm_modes = {p.name: p.stat().st_mode & 0o7777 for p in shm_files if p.exists()}
         run_files = _open_under(pids, ENGINE_RUN_DIR)
+        server_caps = caps.held_by_tree(pids)
+        if opts.server_caps == "none" and server_caps:  # setpriv cannot drop the bounding set without SETPCAP
+            raise ColdstartError("--server-caps none: the server still holds " + ", ".join(f"CAP_{n}" for n in server_caps)
+                                 + " (dropping them needs CAP_SETPCAP in the checkpoint's container)")
         say(f"criu dump of {len(pids)} processes")
         criu = _criu.find(opts.criu_variant)  # again: a rebuild may have replaced the binary meanwhile
         (staging / "shm").mkdir()
@@ -237,7 +245,7 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
             engine_args=list(opts.engine_args), host=host.to_dict(), canary=canary, files=files,
             port=opts.port, host_addr=spec.host, run_dir=ENGINE_RUN_DIR, criu_variant=opts.criu_variant,
             device=device, asleep=sleep, pids=pids, weights=weights, shm_files=[p.name for p in shm_files],
-            shm_modes=shm_modes, log_sizes=log_sizes, run_files=run_files,
+            shm_modes=shm_modes, log_sizes=log_sizes, run_files=run_files, server_caps=server_caps,
             xcomp_perm=xcomp_perm, coldstart_code=code_digest(),
             created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         )

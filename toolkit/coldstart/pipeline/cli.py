@@ -26,6 +26,9 @@ def checkpoint_cmd(
     canary_kind: str = typer.Option("logprobs", help="logprobs: one forward pass, prompt logprobs compared | "
                                     "tokens: 16 greedy tokens compared (slower)."),
     reload_mode: str = typer.Option("auto", help="The rehearsal's weight reload: map | copy | auto."),
+    server_caps: str = typer.Option("keep", help="keep: the server gets this process's capabilities | none: "
+                                    "it runs with none (the snapshot then restores in a least-privilege container: "
+                                    "CRIU gives the server back its dumped set)."),
     timeline_out: Optional[Path] = typer.Option(None, help="Append the timing events (jsonl) here."),
 ) -> None:
     """Snapshot a warmed-up vLLM server of MODEL; extra args after `--` go to vLLM."""
@@ -36,7 +39,8 @@ def checkpoint_cmd(
     out = out or Path("snapshots") / Path(model).name
     opts = CheckpointOptions(model=model, out=out, port=port, engine_args=list(ctx.args), canary_prompt=canary,
                              kv_cache_bytes=kv_cache_bytes, criu_variant=criu_variant,
-                             sleep=False if no_sleep else None, canary_kind=canary_kind, reload_mode=reload_mode)
+                             sleep=False if no_sleep else None, canary_kind=canary_kind, reload_mode=reload_mode,
+                             server_caps=server_caps)
     m, tl = checkpoint(opts, say=_say)
     Console(stderr=True).print(tl.table())
     if timeline_out:
@@ -55,11 +59,18 @@ def restore_cmd(
     no_fallback: bool = typer.Option(False, "--no-fallback", help="Fail instead of cold-booting."),
     model: Optional[str] = typer.Option(None, help="Model to cold-boot if the manifest is unreadable."),
     timeout: float = typer.Option(300.0, help="Seconds to wait for the restored server."),
-    net: str = typer.Option("auto", help="host (containers) | private (own netns + forwarder) | auto."),
+    net: str = typer.Option("auto", envvar="COLDSTART_RESTORE_NET",
+                            help="host | private (own netns + forwarder: any number of replicas) | auto (host "
+                            "when the snapshot's port is free here)."),
     reload_mode: str = typer.Option("auto", help="Weights: map (the snapshot's file mapped over the weight "
                                     "arena; it must stay in place) | copy | auto (map when the layout matches)."),
-    port: Optional[int] = typer.Option(None, help="Host port (private net: the forwarder's; cold boot: vLLM's)."),
+    port: Optional[int] = typer.Option(None, envvar="COLDSTART_PORT",
+                                       help="Host port (private net: the forwarder's; cold boot: vLLM's)."),
+    listen: str = typer.Option("127.0.0.1", envvar="COLDSTART_LISTEN", help="Address the forwarder (private net) or the cold boot listens "
+                               "on: 0.0.0.0 in a container with its own network, so a published port reaches it."),
     timeline_out: Optional[Path] = typer.Option(None, help="Append the timing events (jsonl) here."),
+    ready_file: Optional[Path] = typer.Option(None, envvar="COLDSTART_READY_FILE",
+                                              help="Write the summary line here once serving (a health check's signal)."),
     metrics_gateway: Optional[str] = typer.Option(None, help="Push this restore's timing metrics to this Pushgateway URL."),
     metrics_port: Optional[int] = typer.Option(None, help="Serve /metrics on 127.0.0.1:PORT while the entrypoint serves."),
     variant: str = typer.Option("default", help="The `variant` label of the metrics."),
@@ -76,7 +87,7 @@ def restore_cmd(
     from coldstart.pipeline.restore import RestoreOptions, restore, serve as serve_fn
 
     res = restore(RestoreOptions(snapshot=snapshot, verify="off" if no_verify else verify, warm=not no_warm, fallback=not no_fallback,
-                                 model=model, timeout=timeout, net=net, port=port, reload_mode=reload_mode,
+                                 model=model, timeout=timeout, net=net, port=port, listen=listen, reload_mode=reload_mode,
                                  warm_mode=warm_mode,
                                  warm_method=warm_method, warm_profile=warm_profile, warm_record=warm_record, warm_rest=warm_rest),
                   say=_say)
@@ -92,9 +103,15 @@ def restore_cmd(
 
         serve_metrics(metrics_port, res.timeline, variant=variant)
     status = "restored" if res.restored else f"cold boot (fallback: {res.fallback_reason})"
-    print(json.dumps({"url": res.base_url, "pid": res.engine.root_pid, "restored": res.restored,
-                      "fallback_reason": res.fallback_reason, "canary_ok": res.canary_ok}), flush=True)
+    summary = json.dumps({"url": res.base_url, "pid": res.engine.root_pid, "restored": res.restored,
+                          "fallback_reason": res.fallback_reason, "canary_ok": res.canary_ok,
+                          "events": {e.name: e.t for e in res.timeline.events}})
+    print(summary, flush=True)
     _say(f"ready: {res.base_url} ({status})")
+    if ready_file:
+        from coldstart.fsutil import write_atomic
+
+        write_atomic(ready_file, summary + "\n")
     if not serve and getattr(res, "forwarder", None) is not None:
         _say("warning: --net private forwards through this process; with --no-serve the port closes "
              "when it exits (the server itself keeps running)")

@@ -9,7 +9,7 @@ from pathlib import Path
 from coldstart.pipeline.events import EventName, Timeline
 
 
-def cold_start(model: Path | str, *, port: int, engine_args: list[str] | None = None,
+def cold_start(model: Path | str, *, port: int, host: str = "127.0.0.1", engine_args: list[str] | None = None,
                run_dir: Path | None = None, timeline: Timeline | None = None, timeout: float = 900.0,
                served_model_name: str | None = None, kv_cache_bytes: int = 256 << 20,
                canary_prompt: str | None = None, canary_tokens: int = 16):
@@ -23,7 +23,7 @@ def cold_start(model: Path | str, *, port: int, engine_args: list[str] | None = 
 
     tl = timeline or Timeline.from_container_start("cold", model=Path(str(model)).name)
     run_dir = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix="coldstart-cold-"))
-    spec = EngineSpec(model=Path(model), run_dir=run_dir, port=port, kv_cache_bytes=kv_cache_bytes,
+    spec = EngineSpec(model=Path(model), run_dir=run_dir, port=port, host=host, kv_cache_bytes=kv_cache_bytes,
                       sleep_mode=False, extra_args=list(engine_args or []), served_model_name=served_model_name)
     eng = start_engine(spec, new_pidns=True)
     try:

@@ -15,7 +15,11 @@ from typing import Any
 
 
 class EventName(str, Enum):
-    CONTAINER_START = "CONTAINER_START"
+    CONTAINER_START = "CONTAINER_START"  # the clock's origin: the user's command (COLDSTART_T0) or now
+    # container runs (coldstart.containers), all on the clock of the host's create call
+    CONTAINER_CREATE = "CONTAINER_CREATE"
+    CONTAINER_STARTED = "CONTAINER_STARTED"
+    ENTRYPOINT_START = "ENTRYPOINT_START"  # the entrypoint process's exec, from /proc (not from Python)
     MANIFEST_OK = "MANIFEST_OK"
     WARM_START = "WARM_START"
     WARM_DONE = "WARM_DONE"
@@ -82,6 +86,10 @@ class Timeline:
             tl.t0 -= max(delta, 0.0)
             tl.wall0 = float(t0_wall)
         tl.mark(EventName.CONTAINER_START if kind != "checkpoint" else EventName.CHECKPOINT_START, at=tl.t0)
+        if t0_wall and kind != "checkpoint":
+            import psutil
+
+            tl.mark(EventName.ENTRYPOINT_START, at=tl.t0 + max(psutil.Process().create_time() - float(t0_wall), 0.0))
         return tl
 
     def mark(self, name: EventName | str, at: float | None = None, **attrs: Any) -> Event:

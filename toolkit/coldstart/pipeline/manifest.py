@@ -76,6 +76,8 @@ class Manifest:
     shm_modes: dict[str, int] = field(default_factory=dict)  # their modes (and link-remaps'): CRIU checks them
     log_sizes: dict[str, int] = field(default_factory=dict)  # path under run_dir -> size at dump
     run_files: list[str] = field(default_factory=list)  # files under run_dir the dumped tree holds open
+    # capabilities the dumped tree held (CRIU gives them back: a restore must hold them; None = unknown)
+    server_caps: list[str] | None = None
     # the worker's x86 xstate permission mask at dump (AMX: stock CRIU drops it; None = unknown)
     xcomp_perm: int | None = None
     # xxh3_128 of coldstart's own Python sources at checkpoint: the restored worker runs *that* code

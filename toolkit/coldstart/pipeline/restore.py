@@ -27,8 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from coldstart.criu import caps
 from coldstart.criu import server as _criu
 from coldstart.criu.restore import alive
+from coldstart.engine.launcher import client_host
 from coldstart.errors import ColdstartError
 from coldstart.pipeline import hostfacts, integrity
 from coldstart.pipeline.canary import check as check_canary
@@ -54,6 +56,7 @@ class RestoreOptions:
     fallback: bool = True
     model: str | None = None  # cold-boot this if the manifest cannot even be read
     port: int | None = None  # host port to serve on (private net: the forwarder's; cold boot: vLLM's)
+    listen: str = "127.0.0.1"  # address the forwarder or cold boot listens on (0.0.0.0 in a container)
     cold_timeout: float = 900.0
     net: str = "auto"  # host | private | auto (private when the snapshot's port is busy here)
     reload_mode: str = "auto"  # map | copy | auto: how the worker refills its weights (sleep_worker.py)
@@ -131,10 +134,10 @@ def fall_back(reason: str, m: Manifest | None, opts: RestoreOptions, tl: Timelin
         raise ColdstartError(f"restore failed ({reason}) and there is no model to cold-boot "
                              "(pass --model)")
     port = opts.port or (m.port if m else 8000)
-    if not port_free("127.0.0.1", port):
+    if not port_free(opts.listen, port):
         port = _free_port()
         say(f"port busy: the cold boot listens on {port}")
-    eng, comp = cold_start(model, port=port, engine_args=m.engine_args if m else [], timeline=tl,
+    eng, comp = cold_start(model, port=port, host=opts.listen, engine_args=m.engine_args if m else [], timeline=tl,
                            timeout=opts.cold_timeout, served_model_name=m.served_model_name if m else None,
                            kv_cache_bytes=int(m.timings.get("kv_cache_bytes", 256 << 20)) if m else 256 << 20,
                            canary_prompt=m.canary.prompt if m else None,
@@ -271,6 +274,9 @@ def _validate(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) 
             problems.append(f"kernel: `criu check` on {host.kernel} fails: {bad}")
     if problems:
         raise RestoreFailed("snapshot does not fit this host: " + "; ".join(problems))
+    missing = caps.missing_for_restore(m.server_caps)
+    if missing:  # CRIU would fail obscurely (or, missing the server's own, never finish)
+        raise RestoreFailed(caps.explain(missing))
     for w in warnings:
         say(f"warning: {w}")
     mmap = _criu.supports_mmap_pages(criu)
@@ -444,11 +450,11 @@ def _connect(eng, m: Manifest, st: RestoreState, opts: RestoreOptions, undo: con
     if st.net != "private":
         return eng.base_url, None
     try:
-        fwd = Forwarder(eng.root_pid, (m.host_addr, m.port), ("127.0.0.1", opts.port or 0)).start()
+        fwd = Forwarder(eng.root_pid, (m.host_addr, m.port), (opts.listen, opts.port or 0)).start()
     except OSError as e:
         raise RestoreFailed(f"cannot forward to the restored server: {e}") from e
     undo.callback(fwd.close)
-    return f"http://127.0.0.1:{fwd.address[1]}", fwd
+    return f"http://{client_host(opts.listen)}:{fwd.address[1]}", fwd
 
 
 def _wait_server(eng, base_url: str, opts: RestoreOptions, tl: Timeline, m: Manifest, say):
