@@ -2,6 +2,9 @@
 containers with different security settings and record restored / fallback reason for each.
 
     PYTHONPATH=toolkit .venv/bin/python experiments/container_caps.py SNAPSHOT MODEL IMAGE [out.jsonl]
+
+The first survey (results/containers-caps), on a snapshot whose server held every capability, with the
+restore on the host's network; experiments/container_least_caps.py is the one that found the set.
 """
 from __future__ import annotations
 
@@ -16,7 +19,8 @@ from coldstart.containers.bench import wait_port_closed
 DOCKER_DEFAULT = ["CHOWN", "DAC_OVERRIDE", "FSETID", "FOWNER", "MKNOD", "NET_RAW", "SETGID", "SETUID", "SETFCAP",
                   "SETPCAP", "NET_BIND_SERVICE", "SYS_CHROOT", "KILL", "AUDIT_WRITE"]
 CASES = {
-    "broad (ALL - SYS_RESOURCE, unconfined)": dict(run.BROAD_SECURITY),
+    "broad (ALL - SYS_RESOURCE, unconfined)": dict(cap_add=["ALL"], cap_drop=["SYS_RESOURCE"],
+                                                    security_opt=["seccomp=unconfined"]),
     "default + SYS_ADMIN + SYS_PTRACE, default seccomp": dict(cap_add=["SYS_ADMIN", "SYS_PTRACE"]),
     "default + SYS_ADMIN + SYS_PTRACE, unconfined": dict(cap_add=["SYS_ADMIN", "SYS_PTRACE"],
                                                          security_opt=["seccomp=unconfined"]),

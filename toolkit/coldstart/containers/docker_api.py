@@ -73,7 +73,7 @@ def ensure_network(c, name: str = NETWORK) -> str:
     """Our bridge network (created once; dockerd runs without the default bridge). Returns its name."""
     import docker
 
-    if not c.networks.list(names=[name]):
+    if not any(n.name == name for n in c.networks.list(names=[name])):  # the filter matches substrings
         try:
             c.networks.create(name, driver="bridge", check_duplicate=True)
         except docker.errors.APIError as e:

@@ -135,6 +135,9 @@ class EngineSpec:
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
             "VLLM_HOST_IP": "127.0.0.1",
+            # gloo binds the address the hostname resolves to: in a container that is its own IP, which
+            # a restore elsewhere (another container, a private network namespace) does not have
+            "GLOO_SOCKET_IFNAME": "lo",
             "VLLM_CACHE_ROOT": str(rd / "cache"),
             "VLLM_RPC_BASE_PATH": str(rd / "rpc"),
             "TMPDIR": str(rd / "tmp"),
