@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import socket
 import time
 import urllib.request
 from pathlib import Path
@@ -14,14 +13,9 @@ from pathlib import Path
 import pytest
 
 from coldstart.containers import run
+from coldstart.engine.launcher import free_port
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "containers.md"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
@@ -58,7 +52,7 @@ def _summary(ctr, timeout: float) -> dict:
 
 def test_restore_in_a_new_container_from_a_read_only_mount(docker_client, app_image, container_snapshot,
                                                            tiny_model_dir):
-    port = _free_port()
+    port = free_port()
     ctr = run.start_restore(docker_client, app_image.tag, container_snapshot, tiny_model_dir, port)
     try:
         summary = _summary(ctr, 240)
@@ -80,7 +74,7 @@ def test_restore_in_a_new_container_from_a_read_only_mount(docker_client, app_im
 
 def test_three_containers_restore_the_same_read_only_snapshot_at_once(docker_client, app_image, container_snapshot,
                                                                       tiny_model_dir):
-    ports = [_free_port() for _ in range(3)]
+    ports = [free_port() for _ in range(3)]
     ctrs = [run.create_restore(docker_client, app_image.tag, container_snapshot, tiny_model_dir, p) for p in ports]
     try:
         for ctr in ctrs:
@@ -97,7 +91,7 @@ def test_three_containers_restore_the_same_read_only_snapshot_at_once(docker_cli
 
 def test_a_missing_capability_is_named_and_the_cold_boot_serves(docker_client, app_image, container_snapshot,
                                                                 tiny_model_dir):
-    port = _free_port()
+    port = free_port()
     ctr = run.start_restore(docker_client, app_image.tag, container_snapshot, tiny_model_dir, port,
                             security=run.security_without("SYS_TIME"))
     try:

@@ -34,7 +34,7 @@ def wait_port_closed(port: int, timeout: float = 60.0) -> None:
     raise RuntimeError(f"port {port} still in use after {timeout:.0f} s")
 
 
-def _first_completion(port: int, model: str, deadline: float, ctr) -> float:
+def first_completion(port: int, model: str, deadline: float, ctr) -> float:
     """Poll a 1-token completion until it answers; returns the monotonic time it did."""
     body = json.dumps({"model": model, "prompt": "The capital of France is", "max_tokens": 1,
                        "temperature": 0}).encode()
@@ -54,7 +54,7 @@ def _first_completion(port: int, model: str, deadline: float, ctr) -> float:
     raise RuntimeError("no first token before the deadline")
 
 
-def _summary(ctr, deadline: float) -> dict:
+def summary(ctr, deadline: float) -> dict:
     """The entrypoint's one-line JSON summary ({"url", "restored", "fallback_reason", ...})."""
     while time.monotonic() < deadline:
         logs = ctr.logs().decode(errors="replace")
@@ -65,35 +65,18 @@ def _summary(ctr, deadline: float) -> dict:
     return {}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def host_warm(snap: Path):
-    """Warm the snapshot's pages images and weights on the host, in the recorded profile's order
-    (the container's libraries are its own files: not warmed here). Returns the started warmer."""
-    from coldstart.warm import start_warming
-
-    m = json.loads((snap / "manifest.json").read_text())
-    paths = sorted((snap / "criu").glob("pages-*.img"))
-    if m.get("weights", {}).get("flat"):
-        paths.append(snap / m["weights"]["flat"])
-    return start_warming(paths, profile="auto", record="off", mapped=False, rest="now")
-
-
 def one_start(c, image: str, method: str, model: Path, snap: Path) -> dict:
     """One container start, timed from the docker-py create call (COLDSTART_T0, passed in) to the first
     completion through the published port. ``method``: naive | restore | restore+hostwarm."""
     from coldstart.containers import run
+    from coldstart.engine.launcher import free_port
     from coldstart.warm.bench import block_device, device_read_bytes
 
     dev = block_device(snap)
-    port = _free_port()
+    port = free_port()
     read0 = device_read_bytes(dev)
     t0, wall0 = time.monotonic(), time.time()
-    warmer = host_warm(snap) if method == "restore+hostwarm" else None
+    warmer = run.host_warm(snap) if method == "restore+hostwarm" else None
     if method == "naive":
         ctr = run.create_naive(c, image, model, port)
     else:
@@ -102,11 +85,11 @@ def one_start(c, image: str, method: str, model: Path, snap: Path) -> dict:
     try:
         ctr.start()
         row["started_s"] = round(time.monotonic() - t0, 3)
-        t1 = _first_completion(port, str(model), t0 + 900, ctr)
+        t1 = first_completion(port, str(model), t0 + 900, ctr)
         row["first_token_s"] = round(t1 - t0, 3)
         row["disk_read_bytes"] = device_read_bytes(dev) - read0
         if method != "naive":  # its summary line follows the first token
-            summ = _summary(ctr, time.monotonic() + 60)
+            summ = summary(ctr, time.monotonic() + 60)
             row["restored"] = summ.get("restored")
             row["fallback_reason"] = summ.get("fallback_reason")
             row["events"] = summ.get("events")

@@ -59,14 +59,14 @@ def checkpoint_command(
     typer.echo(f"snapshot: {res.snapshot} ({res.seconds:.0f} s, from the container's create call)")
 
 
-def _serve_container(c, ctr, port: int, t0: float, warmer=None) -> None:
+def _serve_container(ctr, port: int, t0: float, warmer=None) -> None:
     """Follow a started container until its entrypoint's summary line, print it with the host's timings."""
     import json as _json
     import time
 
-    from coldstart.containers.bench import _summary
+    from coldstart.containers.bench import summary
 
-    summ = _summary(ctr, time.monotonic() + 900)
+    summ = summary(ctr, time.monotonic() + 900)
     if warmer is not None:
         warmer.wait()
     ctr.reload()
@@ -89,15 +89,14 @@ def restore_command(
     import time
 
     from coldstart.containers import docker_api, image, run
-    from coldstart.containers.bench import host_warm as start_host_warm
 
     c = docker_api.client(host)
     img = image.app_image(c, Path(__file__).resolve().parents[3], say=lambda m: typer.echo(m, err=True))
     t0, wall0 = time.monotonic(), time.time()
-    warmer = start_host_warm(snapshot) if host_warm else None
+    warmer = run.host_warm(snapshot) if host_warm else None
     ctr = run.create_restore(c, img.tag, snapshot, model, port, name=name, env={"COLDSTART_T0": repr(wall0)})
     ctr.start()
-    _serve_container(c, ctr, port, t0, warmer)
+    _serve_container(ctr, port, t0, warmer)
 
 
 @container_app.command("run-cold")
@@ -111,14 +110,14 @@ def run_cold_command(
     import time
 
     from coldstart.containers import docker_api, image, run
-    from coldstart.containers.bench import _first_completion
+    from coldstart.containers.bench import first_completion
 
     c = docker_api.client(host)
     img = image.app_image(c, Path(__file__).resolve().parents[3], say=lambda m: typer.echo(m, err=True))
     t0 = time.monotonic()
     ctr = run.create_naive(c, img.tag, model, port)
     ctr.start()
-    t1 = _first_completion(port, str(Path(model).resolve()), t0 + 900, ctr)
+    t1 = first_completion(port, str(Path(model).resolve()), t0 + 900, ctr)
     typer.echo(json.dumps({"container": ctr.id[:12], "url": f"http://127.0.0.1:{port}",
                            "first_token_s_from_create": round(t1 - t0, 2)}))
 

@@ -67,18 +67,24 @@ def daemon_facts(c) -> DaemonFacts:
 
 
 NETWORK = "coldstart"  # a user-defined bridge: each container its own network namespace, ports published
+_networks_seen: set[tuple[str, str]] = set()  # (daemon, name): known to exist, not asked again
 
 
 def ensure_network(c, name: str = NETWORK) -> str:
-    """Our bridge network (created once; dockerd runs without the default bridge). Returns its name."""
+    """Our bridge network (created once; dockerd runs without the default bridge). Returns its name.
+    Asks the daemon once per daemon and name: it is called inside the timed create of a container."""
     import docker
 
+    key = (str(c.api.base_url), name)
+    if key in _networks_seen:
+        return name
     if not any(n.name == name for n in c.networks.list(names=[name])):  # the filter matches substrings
         try:
             c.networks.create(name, driver="bridge", check_duplicate=True)
         except docker.errors.APIError as e:
             if "already exists" not in str(e):
                 raise ColdstartError(f"cannot create docker network {name}: {e}") from None
+    _networks_seen.add(key)
     return name
 
 

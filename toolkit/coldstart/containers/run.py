@@ -25,6 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from coldstart.criu.caps import RESTORE_NEEDS
+# imported here, not in host_warm: host_warm runs inside the timed window that starts at the create call
+from coldstart.pipeline.manifest import read_manifest
+from coldstart.pipeline.restore import warm_paths
+from coldstart.warm import start_warming
 
 CONTAINER_PORT = 8000  # the port a server listens on inside every container (the image's COLDSTART_PORT)
 RESTORE_CAPS = sorted(RESTORE_NEEDS)
@@ -94,6 +98,15 @@ def start_restore(c, image: str, snapshot: Path, model: Path, host_port: int, **
     ctr = create_restore(c, image, snapshot, model, host_port, **kw)
     ctr.start()
     return ctr
+
+
+def host_warm(snapshot: Path):
+    """Warm what the restore reads in bulk (pipeline.restore.warm_paths) on the host, in the recorded
+    profile's order, from the moment the container is created. The container's libraries are its
+    own files and are not warmed here. Returns the started warmer."""
+    snapshot = Path(snapshot)
+    return start_warming(warm_paths(snapshot, read_manifest(snapshot)), profile="auto", record="off",
+                         mapped=False, rest="now")
 
 
 def create_naive(c, image: str, model: Path, host_port: int, kv_cache_bytes: int = 256 << 20):

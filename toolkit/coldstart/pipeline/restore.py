@@ -209,15 +209,20 @@ class _BackgroundWarm:
             self.warmer.cancel()
 
 
+def warm_paths(snap: Path, m: Manifest) -> list[Path]:
+    """What a restore of ``snap`` reads in bulk, in warming order: the pages images, then the weights."""
+    paths = sorted((snap / "criu").glob("pages-*.img"))
+    if m.weights.get("flat"):
+        paths.append(snap / m.weights["flat"])
+    return paths
+
+
 def _start_warming(snap: Path, m: Manifest, tl: Timeline, opts: "RestoreOptions | None" = None) -> _BackgroundWarm | None:
     """Background page-cache warming of the pages images, then the weights file (warm stage); with a
     recorded profile, its order, and the ranges of the libraries the restored server maps."""
     if importlib.util.find_spec("coldstart.warm") is None:
         return None
-    paths = sorted((snap / "criu").glob("pages-*.img"))
-    if m.weights.get("flat"):
-        paths.append(snap / m.weights["flat"])
-    return _BackgroundWarm(paths, tl, opts)
+    return _BackgroundWarm(warm_paths(snap, m), tl, opts)
 
 
 def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) -> RestoreResult:
