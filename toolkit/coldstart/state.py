@@ -15,9 +15,18 @@ def state_dir() -> Path:
     return Path(os.environ.get("COLDSTART_STATE_DIR", "/run/coldstart"))
 
 
+def node_dir() -> Path:
+    """What one restore learns for every later one on the node: verification records and access
+    profiles. The state dir itself unless ``COLDSTART_NODE_DIR`` names another: a container's state
+    dir is its own tmpfs, so containers share the node's knowledge through a host directory mounted
+    there (coldstart.containers.run), and the second replica on a node neither re-hashes the
+    snapshot nor re-records its profile."""
+    return Path(os.environ.get("COLDSTART_NODE_DIR") or state_dir())
+
+
 def profiles_dir() -> Path:
     """Access profiles recorded on this node, one folder per snapshot id."""
-    return state_dir() / "profiles"
+    return node_dir() / "profiles"
 
 
 def restores_dir() -> Path:

@@ -65,9 +65,10 @@ def summary(ctr, deadline: float) -> dict:
     return {}
 
 
-def one_start(c, image: str, method: str, model: Path, snap: Path) -> dict:
+def one_start(c, image: str, method: str, model: Path, snap: Path, layers: list[Path] | None = None) -> dict:
     """One container start, timed from the docker-py create call (COLDSTART_T0, passed in) to the first
-    completion through the published port. ``method``: naive | restore | restore+hostwarm."""
+    completion through the published port. ``method``: naive | restore | restore+hostwarm (``layers``:
+    the image's layer dirs, docker_api.image_layers, looked up before the clock starts)."""
     from coldstart.containers import run
     from coldstart.engine.launcher import free_port
     from coldstart.warm.bench import block_device, device_read_bytes
@@ -76,7 +77,7 @@ def one_start(c, image: str, method: str, model: Path, snap: Path) -> dict:
     port = free_port()
     read0 = device_read_bytes(dev)
     t0, wall0 = time.monotonic(), time.time()
-    warmer = run.host_warm(snap) if method == "restore+hostwarm" else None
+    warmer = run.host_warm(snap, layers) if method == "restore+hostwarm" else None
     if method == "naive":
         ctr = run.create_naive(c, image, model, port)
     else:
@@ -116,8 +117,10 @@ def run_bench(c, image: str, cases: list[tuple[str, Path, Path]], *, reps: int, 
     """``cases``: (size name, model dir, snapshot dir). One record per (size, method, cache, rep);
     restore+hostwarm runs in cold cells only (with a warm cache it is the plain restore). The order of
     the methods turns around every repetition."""
+    from coldstart.containers.docker_api import image_layers
     from coldstart.criu.bench import drop_caches
 
+    layers = image_layers(c, image)
     rows: list[dict] = []
     for size, _model, snap in cases:
         bw = disk_bandwidth(snap)
@@ -131,7 +134,7 @@ def run_bench(c, image: str, cases: list[tuple[str, Path, Path]], *, reps: int, 
                     if cache == "cold":
                         drop_caches()
                     row = {"size": size, "method": method, "cache": cache, "rep": rep,
-                           **one_start(c, image, method, model, snap)}
+                           **one_start(c, image, method, model, snap, layers)}
                     rows.append(row)
                     say(json.dumps(row))
     return rows

@@ -92,8 +92,9 @@ def restore_command(
 
     c = docker_api.client(host)
     img = image.app_image(c, Path(__file__).resolve().parents[3], say=lambda m: typer.echo(m, err=True))
+    layers = docker_api.image_layers(c, img.tag)
     t0, wall0 = time.monotonic(), time.time()
-    warmer = run.host_warm(snapshot) if host_warm else None
+    warmer = run.host_warm(snapshot, layers) if host_warm else None
     ctr = run.create_restore(c, img.tag, snapshot, model, port, name=name, env={"COLDSTART_T0": repr(wall0)})
     ctr.start()
     _serve_container(ctr, port, t0, warmer)

@@ -161,3 +161,37 @@ def run(c, image: str, command: list[str] | None = None, *, timeout: float = 600
             ctr.remove(force=True)
         except Exception:  # noqa: BLE001
             pass
+
+
+def image_layers(c, image: str) -> list[Path]:
+    """The image's layer directories on this host, top layer first (overlay2's UpperDir, then its
+    LowerDir list): how the host reads the files a container of it will read. [] for another
+    storage driver or a daemon on another machine (the host then warms the snapshot alone)."""
+    try:
+        gd = c.images.get(image).attrs.get("GraphDriver") or {}
+    except Exception:  # noqa: BLE001 - docker-py raises several kinds; no layers means no remap
+        return []
+    if gd.get("Name") != "overlay2":
+        return []
+    data = gd.get("Data") or {}
+    dirs = [data.get("UpperDir", "")] + (data.get("LowerDir") or "").split(":")
+    return [Path(d) for d in dirs if d and Path(d).is_dir()]
+
+
+def layer_remap(layers: list[Path]):
+    """A function from a path inside a container of the image to the layer file that provides it
+    (the top-most layer holding it as a regular file). A path no layer holds so (a volume, a
+    symlink) maps to a path that does not exist: the warmer skips it rather than read the host's
+    own file of that name."""
+    cache: dict[Path, Path] = {}
+
+    def remap(p: Path) -> Path:
+        got = cache.get(p)
+        if got is None:
+            rel = str(p).lstrip("/")
+            got = next((d / rel for d in layers if (d / rel).is_file() and not (d / rel).is_symlink()),
+                       Path("/nonexistent-in-image-layers") / rel)
+            cache[p] = got
+        return got
+
+    return remap

@@ -19,6 +19,7 @@ any number of replicas of one snapshot run at once.
 """
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,9 +27,15 @@ from typing import Any
 
 from coldstart.criu.caps import RESTORE_NEEDS
 # imported here, not in host_warm: host_warm runs inside the timed window that starts at the create call
+# (after a dropped page cache, importing the warmer's modules, numpy among them, took 2.5 s there)
 from coldstart.pipeline.manifest import read_manifest
 from coldstart.pipeline.restore import warm_paths
+from coldstart.state import node_dir
+from coldstart.warm import native as _native
+from coldstart.warm import snapshot as _snapshot
 from coldstart.warm import start_warming
+
+_PRELOADED = (_native, _snapshot)  # start_warming imports them lazily: here they load before the clock
 
 CONTAINER_PORT = 8000  # the port a server listens on inside every container (the image's COLDSTART_PORT)
 RESTORE_CAPS = sorted(RESTORE_NEEDS)
@@ -37,6 +44,7 @@ RESTORE_SECURITY: dict[str, Any] = {"cap_drop": ["ALL"], "cap_add": RESTORE_CAPS
 CHECKPOINT_SECURITY: dict[str, Any] = {"cap_drop": ["ALL"], "cap_add": CHECKPOINT_CAPS,
                                        "security_opt": ["seccomp=unconfined"]}
 STATE_TMPFS = {"/run/coldstart": "rw,exec,size=4g"}  # per-replica state: overlay upper dirs need a non-overlay fs
+NODE_MOUNT = "/var/lib/coldstart-node"  # the host's node dir inside a restore container (COLDSTART_NODE_DIR)
 SHM_SIZE = "1g"  # vLLM's shared-memory buffers need more than docker's 64 MiB default
 
 
@@ -78,19 +86,27 @@ def checkpoint(c, image: str, model: Path, out: Path, *, extra: list[str] | None
 
 def create_restore(c, image: str, snapshot: Path, model: Path, host_port: int, *, name: str | None = None,
                    extra: list[str] | None = None, security: dict[str, Any] | None = None,
-                   env: dict[str, str] | None = None):
+                   env: dict[str, str] | None = None, node: Path | None | bool = True):
     """A created (not started) container whose entrypoint restores ``snapshot`` (mounted read-only at
     /snapshot), with a tmpfs for its per-replica state and its port published on 127.0.0.1:``host_port``.
+    ``node``: the host's node dir (True: this host's ``state.node_dir()``; False/None: none) mounted
+    read-write at NODE_MOUNT, so that replicas share verification records and the access profile
+    (without it every container re-hashes the whole snapshot and records its profile again).
     Creating and starting are separate so that the caller can time each (and warm in between)."""
     from coldstart.containers import docker_api
 
     snapshot, model = Path(snapshot).resolve(), Path(model).resolve()
+    volumes = {str(snapshot): {"bind": "/snapshot", "mode": "ro"}, str(model): {"bind": str(model), "mode": "ro"}}
+    env = dict(env or {})
+    if node:
+        host_node = node_dir() if node is True else Path(node)
+        host_node.mkdir(parents=True, exist_ok=True)
+        volumes[str(host_node.resolve())] = {"bind": NODE_MOUNT, "mode": "rw"}
+        env["COLDSTART_NODE_DIR"] = NODE_MOUNT
     return c.containers.create(image, ["/snapshot", *(extra or [])], name=name, shm_size=SHM_SIZE,
                                network=docker_api.ensure_network(c), tmpfs=STATE_TMPFS,
-                               ports={f"{CONTAINER_PORT}/tcp": ("127.0.0.1", host_port)}, environment=env or {},
-                               volumes={str(snapshot): {"bind": "/snapshot", "mode": "ro"},
-                                        str(model): {"bind": str(model), "mode": "ro"}},
-                               **(RESTORE_SECURITY if security is None else security))
+                               ports={f"{CONTAINER_PORT}/tcp": ("127.0.0.1", host_port)}, environment=env,
+                               volumes=volumes, **(RESTORE_SECURITY if security is None else security))
 
 
 def start_restore(c, image: str, snapshot: Path, model: Path, host_port: int, **kw):
@@ -100,13 +116,40 @@ def start_restore(c, image: str, snapshot: Path, model: Path, host_port: int, **
     return ctr
 
 
-def host_warm(snapshot: Path):
-    """Warm what the restore reads in bulk (pipeline.restore.warm_paths) on the host, in the recorded
-    profile's order, from the moment the container is created. The container's libraries are its
-    own files and are not warmed here. Returns the started warmer."""
-    snapshot = Path(snapshot)
-    return start_warming(warm_paths(snapshot, read_manifest(snapshot)), profile="auto", record="off",
-                         mapped=False, rest="now")
+class HostWarm:
+    """Warming on the host, overlapped with the container's create and start. The plan (opening and
+    sizing ~1000 files through the image's layers: over a second after a dropped page cache) is
+    made on a thread, so the create call is not delayed by it."""
+
+    def __init__(self, snapshot: Path, layers: list[Path] | None = None):
+        self.warmer = None
+        self.error: str | None = None
+        self._t = threading.Thread(target=self._run, args=(Path(snapshot), layers), name="coldstart-host-warm",
+                                   daemon=True)
+        self._t.start()
+
+    def _run(self, snapshot: Path, layers: list[Path] | None) -> None:
+        from coldstart.containers.docker_api import layer_remap
+
+        try:
+            self.warmer = start_warming(warm_paths(snapshot, read_manifest(snapshot)), profile="auto",
+                                        record="off", mapped=bool(layers), rest="never" if layers else "now",
+                                        remap=layer_remap(layers) if layers else None)
+        except Exception as e:  # noqa: BLE001 - warming is an optimisation: the restore goes on
+            self.error = f"{type(e).__name__}: {e}"
+
+    def wait(self, timeout: float | None = None):
+        self._t.join(timeout)
+        return self.warmer.wait(timeout) if self.warmer is not None else None
+
+
+def host_warm(snapshot: Path, layers: list[Path] | None = None) -> HostWarm:
+    """Warm, on the host and from the moment the container is created, what the restore will read.
+    With the node's recorded profile (a previous replica's) and ``layers`` (the image's layer dirs,
+    docker_api.image_layers): the ranges the profile names, the image's files the entrypoint and the
+    restored server read among them; the rest is the entrypoint's own warmer's, after its first
+    token. Otherwise the snapshot's bulk files (pipeline.restore.warm_paths) whole."""
+    return HostWarm(snapshot, layers)
 
 
 def create_naive(c, image: str, model: Path, host_port: int, kv_cache_bytes: int = 256 << 20):

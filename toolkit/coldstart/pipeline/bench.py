@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import socket
 import statistics
 import sys
 import time
@@ -18,13 +17,8 @@ from pathlib import Path
 
 import typer
 
+from coldstart.engine.launcher import free_port
 from coldstart.pipeline.events import EventName
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _model(size: str) -> Path:
@@ -144,7 +138,7 @@ def bench_reload(
     model = _model(size)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    spec = EngineSpec(model=model, run_dir=work / "run", port=_free_port(), sleep_mode=True)
+    spec = EngineSpec(model=model, run_dir=work / "run", port=free_port(), sleep_mode=True)
     eng = start_engine(spec)
     rows: list[dict] = []
     try:
@@ -230,7 +224,7 @@ def bench_restore(
     for size in [s.strip() for s in sizes.split(",") if s.strip()]:
         model = _model(size)
         snap = work / f"snap-{size}"
-        m, ctl = checkpoint(CheckpointOptions(model=model, out=snap, port=_free_port(), criu_variant=criu_variant),
+        m, ctl = checkpoint(CheckpointOptions(model=model, out=snap, port=free_port(), criu_variant=criu_variant),
                             say=lambda s: print(s, file=sys.stderr, flush=True))
         rows.append({"bench": "restore-vs-cold", "model": size, "method": "checkpoint", "rep": 0,
                      "first_token_s": None, "events": [e.__dict__ for e in ctl.events],
@@ -241,7 +235,7 @@ def bench_restore(
                     from coldstart.pipeline.events import Timeline
 
                     tl = Timeline.from_container_start("cold", model=size)
-                    eng, _ = cold_start(model, port=_free_port(), timeline=tl, timeout=1800)
+                    eng, _ = cold_start(model, port=free_port(), timeline=tl, timeout=1800)
                     eng.stop()
                     ok, reason = True, None
                 else:
@@ -329,7 +323,7 @@ def restore_from_exec(snap: Path, extra: list[str] | None = None, port: int | No
 
     tlf = Path(tempfile.mkstemp(suffix=".jsonl")[1])
     argv = [str(Path(sys.executable).with_name("coldstart")), "restore", str(snap), "--no-serve",
-            "--port", str(port or _free_port()), "--timeline-out", str(tlf), *(extra or [])]
+            "--port", str(port or free_port()), "--timeline-out", str(tlf), *(extra or [])]
     busy0 = _cpu_busy_s()
     t0 = time.time()
     p = subprocess.run(argv, capture_output=True, text=True, timeout=900)
@@ -366,7 +360,7 @@ def bench_artifact(
     # (imported here: this module is loaded by the entrypoint's CLI; criu.bench costs it 3.5 ms)
     from coldstart.criu.bench import drop_caches
     from coldstart.pipeline.checkpoint import CheckpointOptions, checkpoint
-    from coldstart.state import state_dir
+    from coldstart.state import node_dir
 
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -375,7 +369,7 @@ def bench_artifact(
     verify_modes = {"off": ["--no-verify"], "recorded": [], "first-on-node": []}
     for size in [s.strip() for s in sizes.split(",") if s.strip()]:
         snap = work / f"snap-{size}"
-        m, _ = checkpoint(CheckpointOptions(model=_model(size), out=snap, port=_free_port()), say=say)
+        m, _ = checkpoint(CheckpointOptions(model=_model(size), out=snap, port=free_port()), say=say)
         total = sum(f.size for f in m.files.values())
         # the checkpoint recorded its files as verified; a first-on-node run re-records them after its
         # full check, so every `recorded` run finds the record without a verify pass right before it
@@ -383,7 +377,7 @@ def bench_artifact(
             for cache in ("warm", "dropped"):
                 for vm, extra in verify_modes.items():
                     if vm == "first-on-node":
-                        shutil.rmtree(state_dir() / "verified", ignore_errors=True)
+                        shutil.rmtree(node_dir() / "verified", ignore_errors=True)
                     if cache == "dropped":
                         drop_caches()
                     else:

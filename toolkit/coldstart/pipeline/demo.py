@@ -4,15 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import sys
 from pathlib import Path
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main() -> int:
@@ -20,6 +13,7 @@ def main() -> int:
     from rich.table import Table
 
     from coldstart.engine.client import EngineClient
+    from coldstart.engine.launcher import free_port
     from coldstart.models.tiny import make_tiny
     from coldstart.pipeline.checkpoint import CheckpointOptions, checkpoint
     from coldstart.pipeline.cold import cold_start
@@ -40,7 +34,7 @@ def main() -> int:
     demo.mkdir(parents=True, exist_ok=True)
 
     con.print("[bold]2/5[/] coldstart checkpoint (start vLLM, canary, dump weights, sleep 2, CRIU dump)")
-    m, ctl = checkpoint(CheckpointOptions(model=model, out=snap, port=_free_port()), say=lambda s: con.print("   " + s))
+    m, ctl = checkpoint(CheckpointOptions(model=model, out=snap, port=free_port()), say=lambda s: con.print("   " + s))
     con.print(ctl.table())
 
     con.print("[bold]3/5[/] coldstart restore")
@@ -55,7 +49,7 @@ def main() -> int:
 
     con.print("[bold]5/5[/] naive cold start of the same model, for comparison")
     ctl_cold = Timeline.from_container_start("cold", model="tiny")
-    eng, _ = cold_start(model, port=_free_port(), timeline=ctl_cold)
+    eng, _ = cold_start(model, port=free_port(), timeline=ctl_cold)
     eng.stop()
 
     t = Table(title="coldstart restore vs naive cold start (tiny model, CPU, this machine)")

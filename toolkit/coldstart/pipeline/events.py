@@ -65,6 +65,16 @@ class Event:
     attrs: dict[str, Any] = field(default_factory=dict)
 
 
+def exec_wall_time(pid: int | str = "self") -> float:
+    """Wall-clock time of the process's exec, to the kernel's tick (10 ms). Its start in ticks since
+    boot (/proc/PID/stat) is set against CLOCK_BOOTTIME now; psutil's create_time adds the boot time
+    from /proc/stat, which is whole seconds, and was up to 1 s off."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime
+    return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - started)
+
+
 @dataclass
 class Timeline:
     """Collects events of one run (a restore, a checkpoint or a cold start)."""
@@ -87,9 +97,7 @@ class Timeline:
             tl.wall0 = float(t0_wall)
         tl.mark(EventName.CONTAINER_START if kind != "checkpoint" else EventName.CHECKPOINT_START, at=tl.t0)
         if t0_wall and kind != "checkpoint":
-            import psutil
-
-            tl.mark(EventName.ENTRYPOINT_START, at=tl.t0 + max(psutil.Process().create_time() - float(t0_wall), 0.0))
+            tl.mark(EventName.ENTRYPOINT_START, at=tl.t0 + max(exec_wall_time() - float(t0_wall), 0.0))
         return tl
 
     def mark(self, name: EventName | str, at: float | None = None, **attrs: Any) -> Event:

@@ -26,7 +26,7 @@ from pathlib import Path
 import xxhash
 
 from coldstart.errors import ColdstartError
-from coldstart.state import state_dir
+from coldstart.state import node_dir
 
 CHUNK = 4 << 20  # digest granularity: small enough to name where a file is damaged, ~460 per GiB
 READ = 1 << 20  # one pread; xxhash releases the GIL, so threads hash in parallel
@@ -121,7 +121,7 @@ class NodeRecord:
     (a read-only node just re-checks); it is only ever written after a full check passed."""
 
     def __init__(self, root: Path | None = None):
-        self.root = (root or state_dir()) / "verified"
+        self.root = (root or node_dir()) / "verified"
 
     @staticmethod
     def _key(path: Path, xxh3: str, chunks: list[str]) -> str:

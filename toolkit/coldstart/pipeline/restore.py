@@ -30,7 +30,7 @@ from typing import Callable
 from coldstart.criu import caps
 from coldstart.criu import server as _criu
 from coldstart.criu.restore import alive
-from coldstart.engine.launcher import client_host
+from coldstart.engine.launcher import client_host, free_port
 from coldstart.errors import ColdstartError
 from coldstart.pipeline import hostfacts, integrity
 from coldstart.pipeline.canary import check as check_canary
@@ -135,7 +135,7 @@ def fall_back(reason: str, m: Manifest | None, opts: RestoreOptions, tl: Timelin
                              "(pass --model)")
     port = opts.port or (m.port if m else 8000)
     if not port_free(opts.listen, port):
-        port = _free_port()
+        port = free_port()
         say(f"port busy: the cold boot listens on {port}")
     eng, comp = cold_start(model, port=port, host=opts.listen, engine_args=m.engine_args if m else [], timeline=tl,
                            timeout=opts.cold_timeout, served_model_name=m.served_model_name if m else None,
@@ -555,14 +555,6 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
         pass
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def serve(res: RestoreResult) -> int:

@@ -77,7 +77,8 @@ def snapshot_id(root: Path) -> str:
 
 def start_warming(paths: list[Path] | list[str], *, mode: str | None = None, profile: Path | None | str = "auto",
                   order: list[Path] | None = None, threads: int | None = None, progress=None,
-                  record: bool | str | None = None, mapped: bool = True, rest: str = "now", **kw) -> Warmer:
+                  record: bool | str | None = None, mapped: bool = True, rest: str = "now",
+                  remap=None, **kw) -> Warmer:
     """Start warming ``paths`` (files or directories) in the background and return at once.
 
     Order: ``profile`` ranges first, then ``order``'s files, then small files, CRIU
@@ -89,8 +90,10 @@ def start_warming(paths: list[Path] | list[str], *, mode: str | None = None, pro
     coldstart.warm.snapshot). ``mapped``: also warm the profile's ranges of the files the restored
     server maps outside the snapshot (shared libraries), and record them. ``rest`` (native mode,
     with a profile): what the profile does not name is warmed "now" (after the profile's ranges),
-    "after" ``release()`` (the restore calls it at first token) or "never". Never raises for a bad
-    file or profile: errors land in ``wait().errors``."""
+    "after" ``release()`` (the restore calls it at first token) or "never". ``remap`` (native mode):
+    where the profile's absolute-path files are seen from here (a container's files seen from the
+    host, through the image's layers). Never raises for a bad file or profile: errors land in
+    ``wait().errors``."""
     from coldstart.warm import snapshot as snapmod
 
     mode = mode or snapmod.env_mode()
@@ -120,6 +123,8 @@ def start_warming(paths: list[Path] | list[str], *, mode: str | None = None, pro
             only = prof.mapped_files()
     if mode == "native" and rest != "now":
         kw["rest"] = rest
+    if mode == "native" and remap is not None:
+        kw["remap"] = remap
     w = make_warmer(paths, mode=mode, profile=profile, order=order, threads=threads, progress=progress,
                     profile_only=only or None, **kw)
     if isinstance(record, str):

@@ -136,15 +136,17 @@ def _profile_root(profile: Path, files: dict[Path, int]) -> Path:
 
 
 def make_plan(paths: list[Path] | list[str], *, chunk: int, profile: Path | None = None,
-              order: list[Path] | None = None, profile_only: list[Path] | None = None) -> Plan:
+              order: list[Path] | None = None, profile_only: list[Path] | None = None,
+              remap: Callable[[Path], Path] | None = None) -> Plan:
     """Ranges to warm, in order. ``order`` puts the files it names first (in that order);
     ``profile`` puts its recorded ranges before everything else. ``profile_only``: files of which
     only the profile's ranges are warmed, never the rest (the libraries the restored server maps:
-    gigabytes, of which it touches tens of MiB). A bad profile is logged and ignored: warming in
-    the default order is still better than none."""
+    gigabytes, of which it touches tens of MiB). ``remap``: where those files (recorded under the
+    restoring side's absolute paths) are seen from here. A bad profile is logged and ignored:
+    warming in the default order is still better than none."""
     files: dict[Path, int] = {}
     errors: dict[Path, str] = {}
-    only = {Path(o).absolute() for o in profile_only or ()}
+    only = {(remap or (lambda x: x))(Path(o).absolute()) for o in profile_only or ()}
     for p in expand_paths([*paths, *sorted(only - set(map(Path, paths)))]):
         try:
             # O_NONBLOCK: a FIFO named by mistake must not hang the restore
@@ -182,7 +184,7 @@ def make_plan(paths: list[Path] | list[str], *, chunk: int, profile: Path | None
         except Exception as e:  # noqa: BLE001 - any bad profile means: warm without it
             errors[Path(profile)] = f"profile ignored: {e}"
         else:
-            for path, off, length in prof.resolve(_profile_root(Path(profile), files), files):
+            for path, off, length in prof.resolve(_profile_root(Path(profile), files), files, remap):
                 ranges.extend(_split(path, off, length, chunk))
                 covered.setdefault(path, []).append((off, off + length))
             profile_used = bool(ranges)
@@ -219,10 +221,12 @@ class BaseWarmer:
 
     def __init__(self, paths: list[Path] | list[str], *, chunk: int, profile: Path | None = None,
                  order: list[Path] | None = None, progress: ProgressFn | None = None,
-                 profile_only: list[Path] | None = None, rest: str = "now"):
+                 profile_only: list[Path] | None = None, rest: str = "now",
+                 remap: Callable[[Path], Path] | None = None):
         if rest not in ("now", "after", "never"):
             raise ValueError(f"rest={rest!r}: now | after | never")
-        self.plan = make_plan(paths, chunk=chunk, profile=profile, order=order, profile_only=profile_only)
+        self.plan = make_plan(paths, chunk=chunk, profile=profile, order=order, profile_only=profile_only,
+                              remap=remap)
         self.progress = progress
         self._cancel = threading.Event()
         # with a profile, what it does not name can wait: "after" = until release() (first token),

@@ -36,11 +36,11 @@ class NativeWarmer(BaseWarmer):
                  chunk: int = DEFAULT_CHUNK, method: str = "pread", max_inflight: int | None = None,
                  profile: Path | None = None, order: list[Path] | None = None,
                  progress: ProgressFn | None = None, profile_only: list[Path] | None = None,
-                 rest: str = "now"):
+                 rest: str = "now", remap=None):
         if method not in ("pread", "willneed", "populate"):
             raise ValueError(f"unknown native warming method {method!r} (pread|willneed|populate)")
         super().__init__(paths, chunk=chunk, profile=profile, order=order, progress=progress,
-                         profile_only=profile_only, rest=rest)
+                         profile_only=profile_only, rest=rest, remap=remap)
         self.method = method
         self.chunk = chunk
         self.max_inflight = max_inflight or threads * chunk

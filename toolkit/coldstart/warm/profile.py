@@ -32,6 +32,7 @@ from stat import S_ISREG
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -89,12 +90,16 @@ class Profile:
         """Files outside the snapshot the restored processes mapped (absolute paths in ``files``)."""
         return [Path(f) for f in self.files if os.path.isabs(f)]
 
-    def resolve(self, root: Path, files: dict[Path, int]) -> list[tuple[Path, int, int]]:
+    def resolve(self, root: Path, files: dict[Path, int],
+                remap: "Callable[[Path], Path] | None" = None) -> list[tuple[Path, int, int]]:
         """The profile's ranges as (absolute path, offset, length) for the files being warmed whose
-        size still matches the recording (a changed file's ranges would be noise)."""
+        size still matches the recording (a changed file's ranges would be noise). ``remap``: where
+        a file recorded under an absolute path is seen from here (a container's file, from the host)."""
         out = []
         for r in self.ranges:
             p = (root / r.file).absolute()
+            if remap is not None and os.path.isabs(r.file):
+                p = remap(p)
             size = files.get(p)
             if size is None or self.files.get(r.file) != size:
                 continue
@@ -452,3 +457,38 @@ def profile_from_ranges(root: Path, ranges: list[Range], snapshot_id: str = "") 
                    files=files, ranges=[ProfileRange(file=os.path.relpath(r.path, root), offset=r.offset,
                                                      length=r.length, t=float(i), source="explicit")
                                         for i, r in enumerate(ranges)], meta={})
+
+
+def own_files_ranges() -> tuple[list[ProfileRange], dict[str, int]]:
+    """Whole-file ranges (t=0, source "process") for what this process itself read to get here: its
+    Python modules (sources and bytecode) and the files it maps (libpython, extension modules). A
+    restore's entrypoint reads them before anything else, one small read at a time: after a cold
+    start they are seconds of latency that a warmer outside the container can take off. Absolute
+    paths, like the restored server's mapped files."""
+    import sys
+
+    seen: dict[str, int] = {}
+    names: list[str] = []
+    for m in list(sys.modules.values()):
+        spec = getattr(m, "__spec__", None)
+        for f in (getattr(m, "__file__", None), getattr(spec, "cached", None) if spec else None):
+            if f:
+                names.append(f)
+    try:
+        with open("/proc/self/maps") as fh:
+            names += [ln.split(None, 5)[5].strip() for ln in fh if len(ln.split(None, 5)) == 6]
+    except OSError:
+        pass
+    out: list[ProfileRange] = []
+    for f in names:
+        if not f.startswith("/") or f in seen:
+            continue
+        try:
+            st = os.stat(f)
+        except OSError:
+            continue
+        if not S_ISREG(st.st_mode) or st.st_size == 0:
+            continue
+        seen[f] = st.st_size
+        out.append(ProfileRange(file=f, offset=0, length=st.st_size, t=0.0, source="process"))
+    return out, seen

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from coldstart.state import profiles_dir
 from coldstart.warm.base import Range, WarmStats
-from coldstart.warm.profile import PROFILE_NAME, ProfileRecorder
+from coldstart.warm.profile import PROFILE_NAME, ProfileRecorder, own_files_ranges
 
 log = logging.getLogger("coldstart.warm")
 
@@ -107,6 +107,10 @@ class RecordingWarmer:
         prof = self.recorder.stop()
         if not save:
             return
+        if self.recorder.track_mapped:  # what the entrypoint read before the recorder started
+            own, sizes = own_files_ranges()
+            prof.ranges = own + prof.ranges
+            prof.files.update(sizes)
         if not prof.ranges:
             log.info("warm: nothing recorded for a profile (snapshot already in memory?)")
             return
