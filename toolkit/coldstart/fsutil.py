@@ -32,6 +32,14 @@ def fsync_tree(root: Path) -> None:
         fsync_dir(Path(dirpath))
 
 
+def publish_dir(stage: Path, target: Path) -> None:
+    """Make a fully written staging dir appear at ``target`` all at once and durably: every file
+    fsynced, one rename, the parent fsynced. The caller removes ``stage`` if this raises."""
+    fsync_tree(stage)
+    os.rename(stage, target)
+    fsync_dir(Path(target).parent)
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Replace ``path`` with ``text`` all at once: a temporary file beside it, fsynced, renamed over
     it, the directory fsynced. A killed writer leaves the old file (and at most a hidden temp file)."""

@@ -7,7 +7,6 @@ removed and the error names CRIU's failing log line.
 """
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import time
@@ -16,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from coldstart.criu import logs
-from coldstart.criu._common import fsync_dir, fsync_tree, resolve_criu, shared_flags
+from coldstart.criu._common import resolve_criu, shared_flags
+from coldstart.fsutil import publish_dir
 from coldstart.criu.images import image_facts
 from coldstart.errors import ColdstartError
 
@@ -96,9 +96,7 @@ def dump(pid: int, images_dir: str | Path, opts: DumpOptions | None = None) -> D
             why = logs.summarize(log) if log.exists() else (proc.stderr.strip().splitlines() or ["?"])[-1]
             kept = _keep_log(log, target, "dump")
             raise ColdstartError(f"criu dump of pid {pid} failed: {why}" + (f" (full log: {kept})" if kept else ""))
-        fsync_tree(staging)
-        os.rename(staging, target)
-        fsync_dir(target.parent)
+        publish_dir(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

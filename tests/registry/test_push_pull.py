@@ -1,0 +1,112 @@
+"""`coldstart push` / `pull` against a real registry: bit-exact round trips, no re-upload, digests
+checked on the way down, failures that name the problem and leave nothing behind."""
+from __future__ import annotations
+
+import filecmp
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from coldstart.registry import artifact
+from coldstart.registry.distribution import Ref, Registry, RegistryError
+
+SMALL = {"chunk_size": 64 << 10, "pack_size": 256 << 10}  # many chunks and packs from a small tree
+
+
+def same_tree(a: Path, b: Path) -> None:
+    """Same entries, bytes, modes and symlink targets."""
+    la = sorted(p.relative_to(a).as_posix() for p in a.rglob("*"))
+    lb = sorted(p.relative_to(b).as_posix() for p in b.rglob("*"))
+    assert la == lb
+    for rel in la:
+        pa, pb = a / rel, b / rel
+        sa, sb = os.lstat(pa), os.lstat(pb)
+        assert sa.st_mode == sb.st_mode, rel
+        if pa.is_symlink():
+            assert os.readlink(pa) == os.readlink(pb)
+        elif pa.is_file():
+            assert filecmp.cmp(pa, pb, shallow=False), rel
+
+
+def test_round_trip_is_bit_exact_and_dedups(registry, tree, tmp_path):
+    ref = f"{registry.host}/t/roundtrip:v1"
+    res = artifact.push(tree, ref, **SMALL)
+    assert res.uploaded == res.blobs > 3
+    index, _, manifest = artifact.fetch_index(Registry(Ref.parse(ref)))
+    assert manifest["artifactType"] == artifact.ARTIFACT_TYPE and len(index.packs) > 1
+    dup = next(e for e in index.entries if e.path == "dup.bin")
+    assert len(set(dup.chunks[:6])) == 1  # six equal chunks stored once
+    assert next(e for e in index.entries if 0 in e.chunks).path == "manifest.json"  # read first: packed first
+    out = artifact.pull(ref, tmp_path / "out")
+    same_tree(tree, out.dir)
+
+
+def test_second_push_uploads_no_blob(registry, tree):
+    ref = f"{registry.host}/t/again:v1"
+    first = artifact.push(tree, ref, **SMALL)
+    again = artifact.push(tree, ref, **SMALL)
+    assert first.uploaded > 0 and again.uploaded == 0 and again.manifest_digest == first.manifest_digest
+
+
+def test_pull_by_digest(registry, tree, tmp_path):
+    ref = f"{registry.host}/t/bydigest:v1"
+    d = artifact.push(tree, ref, **SMALL).manifest_digest
+    same_tree(tree, artifact.pull(f"{registry.host}/t/bydigest@{d}", tmp_path / "out").dir)
+
+
+def test_corrupt_pack_in_registry_is_never_published(registry, tree, tmp_path):
+    ref = f"{registry.host}/t/corrupt:v1"
+    artifact.push(tree, ref, **SMALL)
+    index, _, _ = artifact.fetch_index(Registry(Ref.parse(ref)))
+    blob = registry.blob_path(index.packs[1].digest)
+    data = bytearray(blob.read_bytes())
+    data[100] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    with pytest.raises(artifact.ArtifactError, match=r"chunk \d+ .* is corrupt"):
+        artifact.pull(ref, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]  # no staging dir left
+
+
+def test_unreachable_registry_is_one_line(tmp_path):
+    from coldstart.engine.launcher import free_port
+
+    with pytest.raises(RegistryError, match="unreachable"):
+        artifact.pull(f"127.0.0.1:{free_port()}/t/none:v1", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_push_pull_and_errors(registry, tree, tmp_path):
+    """(A tree with a manifest.json is a snapshot to the CLI: it is verified against it first, and
+    the fixture's "{}" is no snapshot manifest; tests/registry/test_snapshot_registry.py pushes one.)"""
+    cs = [sys.executable, "-m", "coldstart.cli"]
+    p = subprocess.run([*cs, "push", str(tree), f"{registry.host}/t/notasnapshot:v1"], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode != 0 and "not a coldstart snapshot manifest" in p.stderr
+    subprocess.run(["cp", "-a", str(tree), str(tmp_path / "plain")], check=True)  # FIFO and socket as they are
+    tree = tmp_path / "plain"
+    (tree / "manifest.json").unlink()
+    ref = f"{registry.host}/t/cli:v1"
+    p = subprocess.run([*cs, "push", str(tree), ref, "--chunk-kib", "64", "--pack-mib", "1"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    p = subprocess.run([*cs, "pull", ref, str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    same_tree(tree, tmp_path / "out")
+    for argv, needle in [(["pull", ref, str(tmp_path / "out")], "already exists"),
+                         (["pull", f"{registry.host}/t/missing:v1", str(tmp_path / "m")], "no manifest"),
+                         (["push", str(tmp_path / "nope"), ref], "no such directory"),
+                         (["pull", "not a ref", str(tmp_path / "x")], "not a registry reference")]:
+        p = subprocess.run([*cs, *argv], capture_output=True, text=True, timeout=120)
+        assert p.returncode != 0 and needle in p.stderr, (argv, p.stderr)
+        assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_refs_parse():
+    r = Ref.parse("127.0.0.1:5000/a/b:v1")
+    assert (r.host, r.repo, r.tag, r.scheme) == ("127.0.0.1:5000", "a/b", "v1", "http")
+    assert Ref.parse("registry.example.com/x").scheme == "https"
+    assert Ref.parse("localhost:5000/x@sha256:" + "0" * 64).reference == "sha256:" + "0" * 64

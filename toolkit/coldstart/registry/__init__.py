@@ -1,0 +1,1 @@
+"""Registry stage: snapshots (and other read-mostly trees) as OCI artifacts in a registry."""

@@ -1,0 +1,86 @@
+"""`coldstart push` / `coldstart pull`: thin typer wrappers over coldstart.registry."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+
+def _say(msg: str) -> None:
+    typer.echo(msg, err=True)
+
+
+def push_command(
+    tree: Path = typer.Argument(..., help="snapshot directory (or any read-mostly tree, e.g. a venv)"),
+    ref: str = typer.Argument(..., help="host[:port]/repo[:tag]; loopback registries use plain HTTP"),
+    chunk_kib: int = typer.Option(1024, "--chunk-kib", help="chunk size: the unit a lazy read fetches and verifies"),
+    pack_mib: int = typer.Option(64, "--pack-mib", help="pack size: chunks are stored in blobs of about this size"),
+    threads: int = typer.Option(4, "--threads", help="parallel blob uploads"),
+) -> None:
+    """Publish TREE as an OCI artifact: an index (file → BLAKE3-addressed chunks) and packs of chunks
+    in first-access order (the access profile's). Blobs the registry already has are not sent again.
+    A snapshot is verified against its manifest's digests first: what a mount or a pull of it then
+    serves (every chunk checked against the index) is bytes that were verified.
+    Credentials, if the registry asks: COLDSTART_REGISTRY_USER / COLDSTART_REGISTRY_PASSWORD."""
+    from coldstart.registry.artifact import push
+
+    if (tree / "manifest.json").is_file():  # a snapshot: publish only bytes that match its digests
+        from coldstart.pipeline import integrity
+        from coldstart.pipeline.manifest import read_manifest
+
+        _say(f"verifying {tree} against its manifest before publishing it")
+        integrity.verify(tree, read_manifest(tree).files, mode="full")
+    res = push(tree, ref, chunk_size=chunk_kib << 10, pack_size=pack_mib << 20, threads=threads, say=_say)
+    _say(f"pushed {res.ref}@{res.manifest_digest[:19]}: {res.uploaded}/{res.blobs} blobs uploaded "
+         f"({res.uploaded_bytes / 2**20:.0f} of {res.total_bytes / 2**20:.0f} MiB) in {res.seconds:.1f} s")
+    typer.echo(json.dumps({**res.__dict__}))
+
+
+def pull_command(
+    ref: str = typer.Argument(..., help="host[:port]/repo[:tag][@sha256:...]"),
+    dest: Path = typer.Argument(..., help="directory to create (must not exist)"),
+    threads: int = typer.Option(4, "--threads", help="parallel pack downloads"),
+) -> None:
+    """Download REF into DEST: every chunk checked against its BLAKE3 digest and every pack against its
+    sha256; DEST appears only once all of it is verified and on disk."""
+    from coldstart.registry.artifact import pull
+
+    res = pull(ref, dest, threads=threads, say=_say)
+    typer.echo(json.dumps({**res.__dict__, "dir": str(res.dir)}))
+
+
+def mount_command(
+    ref: str = typer.Argument(..., help="host[:port]/repo[:tag][@sha256:...]"),
+    mountpoint: Path = typer.Argument(..., help="directory to mount on (created if missing)"),
+    prefetch: bool = typer.Option(True, "--prefetch/--no-prefetch",
+                                  help="fetch every chunk in first-access order from the start (reads that miss go first)"),
+    threads: int = typer.Option(8, "--threads", help="the daemon's fetch workers"),
+    timeout_s: float = typer.Option(30.0, "--timeout-s", help="per registry request; a read past it fails with EIO"),
+) -> None:
+    """Serve REF read-only at MOUNTPOINT, lazily: chunks fetched on first read, each verified (BLAKE3)
+    before any byte of it is returned, kept in the node's chunk cache (COLDSTART_LAZY_CACHE) shared
+    by every mount. Returns once the mount serves; the daemon runs until `coldstart umount`."""
+    from coldstart.registry.mount import mount
+
+    m = mount(ref, mountpoint, prefetch=prefetch, threads=threads, timeout_s=timeout_s)
+    typer.echo(json.dumps({"mountpoint": str(m.mountpoint), "pid": m.pid, "manifest_digest": m.manifest_digest,
+                           "log": str(m.log)}))
+
+
+def umount_command(mountpoint: Path = typer.Argument(..., help="a mount made by `coldstart mount`")) -> None:
+    """Unmount; the daemon exits. A process still mapping its files takes SIGBUS on its next miss."""
+    import subprocess
+
+    from coldstart.errors import ColdstartError
+
+    p = subprocess.run(["fusermount3", "-u", str(mountpoint)], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise ColdstartError(f"cannot unmount {mountpoint}: {p.stderr.strip() or p.returncode}")
+
+
+def register(app: typer.Typer, bench: typer.Typer) -> None:
+    app.command("push")(push_command)
+    app.command("pull")(pull_command)
+    app.command("mount")(mount_command)
+    app.command("umount")(umount_command)

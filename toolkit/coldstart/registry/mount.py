@@ -1,0 +1,127 @@
+"""`coldstart mount REF MOUNTPOINT`: an artifact served read-only and lazily by our FUSE daemon
+(lazyfs/, Rust: coldstart-lazyfs). The one owner of that daemon's command line.
+
+Here, in Python, the part that must be right before anything is served: the manifest and the index
+are fetched and verified (sha256) and the index written to the node cache. The daemon then fetches
+chunks on first read (range GETs on the packs), checks each against its BLAKE3 digest before any
+byte of it is returned, keeps them in the node's content-addressed chunk cache (shared by every
+mount on the node) and prefetches the rest in the index's first-access order.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from coldstart.errors import ColdstartError
+from coldstart.registry.artifact import fetch_index
+from coldstart.registry.distribution import Ref, Registry
+
+DAEMON = "coldstart-lazyfs"
+
+
+def cache_dir() -> Path:
+    """The node's chunk cache: on disk (a tmpfs would hold every chunk twice in memory, once more in
+    the page cache). COLDSTART_LAZY_CACHE overrides."""
+    return Path(os.environ.get("COLDSTART_LAZY_CACHE")
+                or Path(os.environ.get("COLDSTART_CACHE", "/var/cache/coldstart")) / "lazy-cache")
+
+
+def daemon_binary() -> str:
+    exe = os.environ.get("COLDSTART_LAZYFS") or str(
+        Path(os.environ.get("COLDSTART_CACHE", "/var/cache/coldstart")) / "lazyfs" / "current" / DAEMON)
+    if not (os.path.isfile(exe) and os.access(exe, os.X_OK)):
+        found = shutil.which(DAEMON)
+        if not found:
+            raise ColdstartError(f"{DAEMON} not found at {exe} (scripts/setup builds it from lazyfs/)")
+        exe = found
+    return exe
+
+
+@dataclass
+class Mount:
+    mountpoint: Path
+    pid: int
+    manifest_digest: str
+    log: Path
+    proc: subprocess.Popen | None = None
+    made_dir: bool = False  # the mount point was created for this mount (removed at unmount)
+
+    def unmount(self, timeout: float = 10.0) -> None:
+        """Unmount and wait for the daemon to exit (it keeps serving until then: a restored process
+        mapping files of the mount must be gone first, or it takes SIGBUS on its next fault)."""
+        subprocess.run(["fusermount3", "-u", "-z", str(self.mountpoint)], capture_output=True)
+        try:
+            os.kill(self.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        end = time.monotonic() + timeout
+        while time.monotonic() < end and _alive(self.pid, self.proc):
+            time.sleep(0.05)
+        if self.made_dir:
+            try:
+                self.mountpoint.rmdir()
+            except OSError:
+                pass
+
+
+def _alive(pid: int, proc: subprocess.Popen | None) -> bool:
+    if proc is not None:
+        return proc.poll() is None
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def mount(ref: str, mountpoint: Path, *, prefetch: bool | None = None, threads: int = 8, timeout_s: float = 30.0,
+          ready_timeout: float = 15.0) -> Mount:
+    """Mount ``ref`` at ``mountpoint`` (created if missing) and return once it serves. The daemon runs
+    in its own session: it outlives the caller until ``unmount``. ``prefetch`` None: on unless
+    COLDSTART_LAZY_PREFETCH=none (the restore entrypoint has no flag for it)."""
+    if prefetch is None:
+        prefetch = os.environ.get("COLDSTART_LAZY_PREFETCH", "all") != "none"
+    r = Ref.parse(ref)
+    reg = Registry(r)
+    index, mdigest, _ = fetch_index(reg)
+    cache = cache_dir()
+    (cache / "indexes").mkdir(parents=True, exist_ok=True)
+    idx = cache / "indexes" / f"{mdigest.split(':', 1)[1]}.json"
+    if not idx.exists():
+        tmp = idx.with_name(f".{idx.name}.{os.getpid()}")
+        tmp.write_bytes(index.to_bytes())
+        os.replace(tmp, idx)
+    mountpoint = Path(mountpoint)
+    made = not mountpoint.exists()
+    mountpoint.mkdir(parents=True, exist_ok=True)
+    if os.path.ismount(mountpoint):
+        raise ColdstartError(f"{mountpoint} is already a mount point")
+    logs = cache / "logs"
+    logs.mkdir(exist_ok=True)
+    log = logs / f"{mdigest.split(':', 1)[1][:16]}-{os.getpid()}-{int(time.time())}.log"
+    ready = logs / f".ready-{os.getpid()}-{time.monotonic_ns()}"
+    argv = [daemon_binary(), "--index", str(idx), "--registry", f"{r.scheme}://{r.host}", "--repo", r.repo,
+            "--cache", str(cache), "--mountpoint", str(mountpoint), "--prefetch", "all" if prefetch else "none",
+            "--threads", str(threads), "--timeout-s", str(int(timeout_s)), "--ready-file", str(ready),
+            "--log-file", str(log)]
+    if reg._auth:
+        argv += ["--auth-header", reg._auth]
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    end = time.monotonic() + ready_timeout
+    while time.monotonic() < end:
+        if ready.exists():
+            ready.unlink(missing_ok=True)
+            return Mount(mountpoint, proc.pid, mdigest, log, proc, made)
+        if proc.poll() is not None:
+            err = (proc.stderr.read() or b"").decode(errors="replace").strip().splitlines()
+            raise ColdstartError(f"{DAEMON} exited with {proc.returncode}: {err[-1] if err else 'no message'}")
+        time.sleep(0.02)
+    proc.kill()
+    raise ColdstartError(f"{DAEMON} did not mount {mountpoint} within {ready_timeout:.0f} s (log: {log})")
+
