@@ -48,8 +48,26 @@ def checkpoint_cmd(
     print(str(Path(out).absolute()))
 
 
+def _snapshot_or_ref(arg: str) -> tuple[str | None, Path]:
+    """A directory, or a registry reference and the mount point it will be mounted on (one per
+    restore: replicas do not share a mount, they share the node's chunk cache)."""
+    import os
+    import re
+
+    if Path(arg).exists() or arg.startswith(("/", ".")) or "/" not in arg:
+        return None, Path(arg)
+    from coldstart.pipeline.events import exec_wall_time
+    from coldstart.state import state_dir
+
+    os.environ.setdefault("COLDSTART_T0", repr(exec_wall_time()))  # the mount is part of the start
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", arg)[-60:]
+    return arg, state_dir() / "mounts" / f"{name}-{os.getpid()}"
+
+
 def restore_cmd(
-    snapshot: Path = typer.Argument(Path("/snapshot"), help="Snapshot directory (made by `coldstart checkpoint`)."),
+    snapshot: str = typer.Argument("/snapshot", help="Snapshot directory (made by `coldstart checkpoint`), or a "
+                                   "registry reference (host[:port]/repo[:tag], pushed by `coldstart push`): mounted "
+                                   "lazily, then restored from the mount."),
     serve: bool = typer.Option(True, "--serve/--no-serve", help="--no-serve: return once READY, leave the server running."),
     verify: str = typer.Option("auto", "--verify", help="Digests of the snapshot's files, checked before serving: "
                                "auto (what this node has not verified unchanged before) | full (everything, "
@@ -86,7 +104,8 @@ def restore_cmd(
 
     from coldstart.pipeline.restore import RestoreOptions, restore, serve as serve_fn
 
-    res = restore(RestoreOptions(snapshot=snapshot, verify="off" if no_verify else verify, warm=not no_warm, fallback=not no_fallback,
+    ref, snap = _snapshot_or_ref(snapshot)
+    res = restore(RestoreOptions(snapshot=snap, ref=ref, verify="off" if no_verify else verify, warm=not no_warm, fallback=not no_fallback,
                                  model=model, timeout=timeout, net=net, port=port, listen=listen, reload_mode=reload_mode,
                                  warm_mode=warm_mode,
                                  warm_method=warm_method, warm_profile=warm_profile, warm_record=warm_record, warm_rest=warm_rest),

@@ -20,6 +20,7 @@ class EventName(str, Enum):
     CONTAINER_CREATE = "CONTAINER_CREATE"
     CONTAINER_STARTED = "CONTAINER_STARTED"
     ENTRYPOINT_START = "ENTRYPOINT_START"  # the entrypoint process's exec, from /proc (not from Python)
+    LAZY_MOUNTED = "LAZY_MOUNTED"  # a registry reference mounted lazily (index verified, prefetch started)
     MANIFEST_OK = "MANIFEST_OK"
     WARM_START = "WARM_START"
     WARM_DONE = "WARM_DONE"

@@ -77,7 +77,11 @@ def wrap_argv(argv: list[str], *, run_lower: Path, run_upper: Path, run_work: Pa
 class Forwarder:
     """Accepts on ``listen`` (host netns) and connects each client to ``target`` inside the network
     namespace of ``ns_pid``. One thread per direction per connection: simple and enough for an HTTP
-    API (the hop costs ~0.1 ms on loopback)."""
+    API (the hop costs ~0.1 ms on loopback).
+
+    The address is bound at construction (the port is reserved) but connections are refused until
+    ``start``: the restore opens the public forwarder only once the canary passed, so no client is
+    answered by a server that has not been checked."""
 
     def __init__(self, ns_pid: int, target: tuple[str, int], listen: tuple[str, int]):
         self.ns_path = f"/proc/{ns_pid}/ns/net"
@@ -86,12 +90,12 @@ class Forwarder:
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(listen)
-        self.sock.listen(64)
         self.address = self.sock.getsockname()
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._accept, name="coldstart-forwarder", daemon=True)
 
     def start(self) -> "Forwarder":
+        self.sock.listen(64)
         self._t.start()
         return self
 

@@ -66,6 +66,9 @@ class RestoreOptions:
     warm_profile: str = "auto"  # auto (DIR/profile.json if recorded) | off | PATH
     warm_record: str = "auto"  # auto (when there is no profile) | off | force; saved at first token
     warm_rest: str = "after"  # with a profile, the ranges it does not name: after (first token) | now | never
+    # a registry reference instead of a directory: mounted lazily (coldstart.registry.mount) at
+    # ``snapshot``, then restored from the mount; the mount lives until ``RestoreResult.stop``
+    ref: str | None = None
 
 
 @dataclass
@@ -80,9 +83,11 @@ class RestoreResult:
     text: str = ""
     forwarder: object | None = None  # netns.Forwarder in net="private" mode
     state: "RestoreState | None" = None  # this restore's writable directory (removed at stop)
+    mount: object | None = None  # registry.mount.Mount when restored from a registry reference
 
     def stop(self) -> None:
-        """Stop the server (and the forwarder); reap it; remove this restore's writable state."""
+        """Stop the server (and the forwarder); reap it; remove this restore's writable state; then
+        unmount a lazy mount (last: the server maps its files until it is gone)."""
         try:
             self.engine.stop(timeout=10)
         finally:
@@ -91,18 +96,29 @@ class RestoreResult:
             _reap(self.engine.root_pid)
             if self.state is not None:
                 self.state.release()
+            if self.mount is not None:
+                self.mount.unmount()
 
 
 def restore(opts: RestoreOptions, say: Callable[[str], None] = print) -> RestoreResult:
     """Restore (or, failing that, cold-boot) and return once the server answers correctly."""
     snap = Path(opts.snapshot).absolute()
-    tl = Timeline.from_container_start("restore", snapshot=snap.name)
+    tl = Timeline.from_container_start("restore", snapshot=opts.ref or snap.name)
     m: Manifest | None = None
+    mnt = None
     try:
+        if opts.ref:
+            mnt = _mount(opts.ref, snap, tl, say)
+            if opts.verify == "auto":  # every byte read through the mount is checked against its chunk's
+                # BLAKE3 digest, and `coldstart push` published only bytes matching the manifest's
+                # digests: hashing the files here would fetch all of them before the first token
+                opts = RestoreOptions(**{**opts.__dict__, "verify": "off"})
         m = read_manifest(snap)
         tl.labels["model"] = Path(m.model).name
         try:
-            return _restore(snap, m, opts, tl, say)
+            res = _restore(snap, m, opts, tl, say)
+            res.mount = mnt
+            return res
         except RestoreFailed as e:
             # The dumped loopback TCP connections (gloo) come back with their exact 4-tuples; right
             # after another copy of this snapshot stopped on this host they can still be in TIME_WAIT.
@@ -111,14 +127,31 @@ def restore(opts: RestoreOptions, say: Callable[[str], None] = print) -> Restore
                 raise
             say(f"restore in the host network failed ({str(e)[:120]}...); retrying in a private one")
             tl.mark("RESTORE_RETRY", reason="host network busy: retrying with --net private")
-            return _restore(snap, m, RestoreOptions(**{**opts.__dict__, "net": "private"}), tl, say)
+            res = _restore(snap, m, RestoreOptions(**{**opts.__dict__, "net": "private"}), tl, say)
+            res.mount = mnt
+            return res
     except Exception as e:  # the entrypoint's promise: whatever went wrong, still serve (cold)
+        if mnt is not None:
+            mnt.unmount()
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         if not isinstance(e, (ColdstartError, OSError, subprocess.SubprocessError, TimeoutError)):
             reason = f"{type(e).__name__}: {reason}"  # unexpected: name the exception type too
         if not opts.fallback:
             raise RestoreFailed(reason) from e
         return fall_back(reason, m, opts, tl, say)
+
+
+def _mount(ref: str, mountpoint: Path, tl: Timeline, say: Callable[[str], None]):
+    """Mount ``ref`` lazily at ``mountpoint`` (index fetched and verified, prefetch started)."""
+    from coldstart.registry.mount import mount
+
+    try:
+        mnt = mount(ref, mountpoint)
+    except ColdstartError as e:
+        raise RestoreFailed(f"lazy mount of {ref}: {e}") from None
+    tl.mark(EventName.LAZY_MOUNTED, ref=ref, manifest=mnt.manifest_digest)
+    say(f"mounted {ref} at {mountpoint} (lazy, verified chunks)")
+    return mnt
 
 
 def fall_back(reason: str, m: Manifest | None, opts: RestoreOptions, tl: Timeline,
@@ -240,10 +273,13 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) -
             if warmer is not None:
                 undo.callback(warmer.cancel)
             eng = _criu_wait(popen, snap, m, st, tl, undo, opts.timeout)
-            base_url, fwd = _connect(eng, m, st, opts, undo)
-            client = _wait_server(eng, base_url, opts, tl, m, say)
+            check_url, base_url, fwd, check_fwd = _connect(eng, m, st, opts, undo)
+            client = _wait_server(eng, check_url, opts, tl, m, say)
             _wake_and_reload(client, snap, m, opts, tl, warmer is not None)
             text = _canary(client, m, tl, checks)
+            if fwd is not None:  # checked: clients may come in now
+                check_fwd.close()
+                fwd.start()
         except Exception as e:  # noqa: BLE001 - re-raised unless a damaged file explains it
             bad = checks.failure(timeout=60)  # a damaged file: name it, not the symptom it caused
             if bad:
@@ -451,15 +487,21 @@ def _criu_wait(popen: subprocess.Popen, snap: Path, m: Manifest, st: RestoreStat
 
 
 def _connect(eng, m: Manifest, st: RestoreState, opts: RestoreOptions, undo: contextlib.ExitStack):
-    """The URL clients use: the server's own on the host network, else a forwarder's."""
+    """(URL the restore's own checks use, URL clients use, public forwarder, the checks' forwarder).
+    On the host network both are the server's own. In a private network the public forwarder is
+    bound now and opened after the canary (``_open``); the checks go through a loopback forwarder
+    of their own, closed then."""
     if st.net != "private":
-        return eng.base_url, None
+        return eng.base_url, eng.base_url, None, None
     try:
-        fwd = Forwarder(eng.root_pid, (m.host_addr, m.port), (opts.listen, opts.port or 0)).start()
+        fwd = Forwarder(eng.root_pid, (m.host_addr, m.port), (opts.listen, opts.port or 0))
+        undo.callback(fwd.close)
+        checks = Forwarder(eng.root_pid, (m.host_addr, m.port), ("127.0.0.1", 0)).start()
+        undo.callback(checks.close)
     except OSError as e:
         raise RestoreFailed(f"cannot forward to the restored server: {e}") from e
-    undo.callback(fwd.close)
-    return f"http://{client_host(opts.listen)}:{fwd.address[1]}", fwd
+    return (f"http://127.0.0.1:{checks.address[1]}", f"http://{client_host(opts.listen)}:{fwd.address[1]}", fwd,
+            checks)
 
 
 def _wait_server(eng, base_url: str, opts: RestoreOptions, tl: Timeline, m: Manifest, say):

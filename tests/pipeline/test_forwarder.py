@@ -1,0 +1,44 @@
+"""The public forwarder of a restore in a private network: its port is reserved at once but refuses
+connections until it is started (after the canary), so no client reaches an unchecked server."""
+from __future__ import annotations
+
+import os
+import socket
+import threading
+
+import pytest
+
+from coldstart.pipeline.netns import Forwarder
+
+
+def _echo_server() -> tuple[socket.socket, int]:
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+
+    def serve() -> None:
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            c.sendall(c.recv(100))
+            c.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return srv, srv.getsockname()[1]
+
+
+def test_refuses_until_started_then_forwards():
+    srv, port = _echo_server()
+    fwd = Forwarder(os.getpid(), ("127.0.0.1", port), ("127.0.0.1", 0))  # this process's own netns
+    try:
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(fwd.address, timeout=5)
+        fwd.start()
+        with socket.create_connection(fwd.address, timeout=5) as c:
+            c.sendall(b"ping")
+            assert c.recv(100) == b"ping"
+    finally:
+        fwd.close()
+        srv.close()
