@@ -1,0 +1,246 @@
+//! coldstart-lazyfs: mount a tree published to an OCI registry (toolkit/coldstart/registry/artifact.py)
+//! read-only, fetching its chunks on first read and verifying each against its BLAKE3 digest before
+//! any byte of it is returned. Chunks land in a content-addressed cache directory shared by every
+//! mount on the node; with --prefetch all, background workers fill it in the index's order (the
+//! order of first access) while reads that miss jump the queue with fetches of their own.
+//!
+//! Runs in the foreground until SIGTERM/SIGINT or `fusermount3 -u`, then unmounts and exits 0.
+//! The Python side (the lazy stage) owns this command line.
+
+mod fs;
+mod index;
+mod log;
+mod store;
+
+use std::fs::OpenOptions;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, ValueEnum};
+use fuser::{MountOption, Session, SessionACL};
+
+use crate::index::Index;
+use crate::log::say;
+use crate::store::{Registry, Store};
+
+/// The bdi readahead set after mounting, so a sequential reader keeps several 1 MiB requests in
+/// flight. Measured here (512 MiB file, chunks cached, 2 cores): 128 KiB (the default) 1.0 GB/s,
+/// 1 MiB 1.4 GB/s, 4-32 MiB 1.6-1.7 GB/s. Not more: an mmap fault reads around itself this much.
+const READ_AHEAD_KB: u32 = 8 << 10;
+
+#[derive(Parser)]
+#[command(name = "coldstart-lazyfs", about = "Read-only lazy FUSE mount of a coldstart tree in an OCI registry")]
+struct Args {
+    /// The tree's index (JSON, Index.to_bytes() of coldstart.registry.artifact)
+    #[arg(long)]
+    index: PathBuf,
+    /// http://HOST:PORT
+    #[arg(long)]
+    registry: String,
+    /// Repository name in the registry
+    #[arg(long)]
+    repo: String,
+    /// Node-local chunk cache (shared by every mount on the node)
+    #[arg(long)]
+    cache: PathBuf,
+    #[arg(long)]
+    mountpoint: PathBuf,
+    #[arg(long, value_enum, default_value_t = Prefetch::All)]
+    prefetch: Prefetch,
+    /// Read workers
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
+    threads: u16,
+    /// Limit for one registry request, seconds
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    timeout_s: u64,
+    /// Written ({"pid": N}) once the mount serves
+    #[arg(long)]
+    ready_file: Option<PathBuf>,
+    /// Append the log here instead of stderr
+    #[arg(long)]
+    log_file: Option<PathBuf>,
+    /// Sent as the Authorization header of every registry request
+    #[arg(long)]
+    auth_header: Option<String>,
+}
+
+#[derive(Clone, Copy, PartialEq, ValueEnum)]
+enum Prefetch {
+    All,
+    None,
+}
+
+fn main() {
+    // Before any thread exists, so every thread inherits the mask and only main takes the signals.
+    let signals = block_signals();
+    let args = Args::parse();
+    if let Err(e) = run(args, &signals) {
+        if log::to_file() {
+            say!("error: {e}");
+        }
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: Args, signals: &libc::sigset_t) -> Result<(), String> {
+    if let Some(p) = &args.log_file {
+        let f = OpenOptions::new().create(true).append(true).open(p);
+        log::init(Box::new(f.map_err(|e| format!("cannot open log file {}: {e}", p.display()))?));
+    }
+    if !args.registry.starts_with("http://") {
+        return Err(format!("--registry {}: only http:// is supported (this build has no TLS)", args.registry));
+    }
+    let raw = std::fs::read(&args.index).map_err(|e| format!("cannot read index {}: {e}", args.index.display()))?;
+    let index = Arc::new(Index::parse(&raw).map_err(|e| format!("malformed index {}: {e}", args.index.display()))?);
+    if !args.mountpoint.is_dir() {
+        return Err(format!("mountpoint {}: not a directory", args.mountpoint.display()));
+    }
+    let reg = Registry {
+        url: args.registry.clone(),
+        repo: args.repo.clone(),
+        auth: args.auth_header.clone(),
+        timeout: Duration::from_secs(args.timeout_s),
+    };
+    let store = Arc::new(Store::new(index.clone(), &args.cache, reg).map_err(|e| format!("cache: {e}"))?);
+
+    let mut config = fuser::Config::default();
+    config.mount_options = vec![
+        MountOption::RO,
+        MountOption::NoAtime,
+        MountOption::FSName(format!("coldstart-lazyfs:{}", args.repo)),
+        // the kernel checks modes itself; other users (a container's) may read what the modes allow
+        MountOption::DefaultPermissions,
+    ];
+    config.acl = SessionACL::All;
+    let filesystem = fs::LazyFs::new(index.clone(), store.clone(), args.threads as usize);
+    let session = Session::new(filesystem, &args.mountpoint, &config)
+        .map_err(|e| format!("cannot mount {}: {e}", args.mountpoint.display()))?;
+    let mut bg = Some(session.spawn().map_err(|e| format!("cannot start the FUSE session: {e}"))?);
+    let mp = args.mountpoint.display();
+    match raise_readahead(&args.mountpoint) {
+        Ok(p) => say!("readahead {READ_AHEAD_KB} KiB ({p})"),
+        Err(e) => say!("readahead left as is: {e}"),
+    }
+    let pack_bytes: u64 = index.packs.iter().map(|p| p.size).sum();
+    say!(
+        "mounted {mp}: {} inodes, {} chunks of up to {} bytes in {} packs ({} bytes), {}/v2/{}, cache {}",
+        index.len(),
+        index.chunks.len(),
+        index.chunk_size,
+        index.packs.len(),
+        pack_bytes,
+        args.registry,
+        args.repo,
+        args.cache.display()
+    );
+
+    let stop = Arc::new(AtomicBool::new(false));
+    if args.prefetch == Prefetch::All {
+        start_prefetch(&store, &stop, (args.threads as usize / 2).clamp(1, 4));
+    }
+    if let Some(p) = &args.ready_file {
+        if let Err(e) = write_ready(p) {
+            stop.store(true, Relaxed);
+            let _ = bg.take().unwrap().umount_and_join();
+            return Err(format!("cannot write ready file {}: {e}", p.display()));
+        }
+    }
+
+    let why = loop {
+        if bg.as_ref().unwrap().guard.is_finished() {
+            break "unmounted".to_string();
+        }
+        if let Some(sig) = wait_signal(signals, Duration::from_millis(200)) {
+            break format!("signal {sig}");
+        }
+    };
+    stop.store(true, Relaxed);
+    let bg = bg.take().unwrap();
+    if why == "unmounted" {
+        let _ = bg.join();
+    } else if let Err(e) = bg.umount_and_join() {
+        // busy (open files): detach now; the connection closes when this process exits
+        say!("unmount {mp}: {e}; detaching it lazily");
+        let c = std::ffi::CString::new(args.mountpoint.as_os_str().as_encoded_bytes()).unwrap();
+        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    }
+    let s = &store.stats;
+    say!(
+        "exit ({why}): chunks fetched {}, bytes fetched {}, cache hits {}, verification failures {}, fetch errors {}",
+        s.fetched_chunks.load(Relaxed),
+        s.fetched_bytes.load(Relaxed),
+        s.hits.load(Relaxed),
+        s.verify_failures.load(Relaxed),
+        s.fetch_errors.load(Relaxed)
+    );
+    // prefetch workers may be inside a request; they hold nothing that needs them to finish
+    std::process::exit(0);
+}
+
+/// Background workers that fill the cache in index order; the last one out logs the total.
+fn start_prefetch(store: &Arc<Store>, stop: &Arc<AtomicBool>, streams: usize) {
+    let cursor = Arc::new(Mutex::new(0usize));
+    let live = Arc::new(AtomicUsize::new(streams));
+    let (bytes, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let t0 = Instant::now();
+    for i in 0..streams {
+        let (store, stop, cursor, live) = (store.clone(), stop.clone(), cursor.clone(), live.clone());
+        let (bytes, failed) = (bytes.clone(), failed.clone());
+        thread::Builder::new()
+            .name(format!("prefetch-{i}"))
+            .spawn(move || {
+                let (b, f) = store.prefetch(&cursor, &stop);
+                bytes.fetch_add(b, Relaxed);
+                failed.fetch_add(f, Relaxed);
+                if live.fetch_sub(1, Relaxed) == 1 && !stop.load(Relaxed) {
+                    say!(
+                        "prefetch done: {} bytes fetched in {:.2} s, {} chunks failed (fetched on demand later)",
+                        bytes.load(Relaxed),
+                        t0.elapsed().as_secs_f64(),
+                        failed.load(Relaxed)
+                    );
+                }
+            })
+            .expect("spawn a prefetch worker");
+    }
+}
+
+/// Raise the mount's bdi readahead (root only; the kernel's FUSE init cannot raise it).
+fn raise_readahead(mp: &Path) -> Result<String, String> {
+    let dev = std::fs::metadata(mp).map_err(|e| e.to_string())?.dev();
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    let p = format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb");
+    std::fs::write(&p, READ_AHEAD_KB.to_string()).map_err(|e| format!("{p}: {e}"))?;
+    Ok(p)
+}
+
+/// Temp file then rename: a reader never sees half a file.
+fn write_ready(path: &Path) -> std::io::Result<()> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+    std::fs::write(&tmp, format!("{{\"pid\": {}}}\n", std::process::id()))?;
+    std::fs::rename(&tmp, path)
+}
+
+fn block_signals() -> libc::sigset_t {
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+fn wait_signal(set: &libc::sigset_t, timeout: Duration) -> Option<i32> {
+    let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as _ };
+    let sig = unsafe { libc::sigtimedwait(set, std::ptr::null_mut(), &ts) };
+    (sig > 0).then_some(sig)
+}

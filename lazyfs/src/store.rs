@@ -1,0 +1,406 @@
+//! Chunks: the node-local cache, the registry, and the rule that no byte is used before its BLAKE3
+//! digest matched.
+//!
+//! A chunk's bytes come from, in order: a small memo of chunks served lately (already verified, in
+//! memory); the cache file CACHE/chunks/<2 hex>/<hex>, verified again on every read since a file can
+//! be damaged after it was written (a corrupt one is deleted and fetched again); or a Range GET of
+//! its pack. Cache files are only ever written after verification, to a temp file in the same
+//! directory and renamed, so any number of daemons on the node share the directory without locks.
+//! A chunk being fetched is in the in-flight map: whoever wants it meanwhile waits for that one
+//! fetch instead of starting another. Consecutive chunks of one pack travel in one GET.
+
+use std::collections::{HashMap, VecDeque};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::index::Index;
+use crate::log::say;
+
+pub type Bytes = Arc<Vec<u8>>;
+
+/// Largest range GET: consecutive missing chunks are fetched together up to this many bytes.
+pub const MAX_RUN: usize = 8 << 20;
+/// The memo spares a re-read and re-hash when requests are smaller than chunks (the kernel's
+/// first reads of a file, mmap faults): a few recent chunks.
+const MEMO_CHUNKS: usize = 64;
+const MEMO_BYTES: usize = 64 << 20;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// A chunk whose fetch just failed fails again at once for this long: the kernel retries a failed
+/// readahead with a read of its own right away, which would otherwise wait out a second timeout.
+const FAILED_FOR: Duration = Duration::from_secs(2);
+
+#[derive(Default)]
+pub struct Stats {
+    pub fetched_chunks: AtomicU64,
+    pub fetched_bytes: AtomicU64,
+    pub hits: AtomicU64,
+    pub verify_failures: AtomicU64,
+    pub fetch_errors: AtomicU64,
+}
+
+pub struct Registry {
+    pub url: String, // http://host:port
+    pub repo: String,
+    pub auth: Option<String>,
+    pub timeout: Duration,
+}
+
+struct Flight {
+    done: Mutex<Option<Result<Bytes, String>>>,
+    cv: Condvar,
+}
+
+pub struct Store {
+    index: Arc<Index>,
+    dir: PathBuf, // CACHE/chunks
+    http: ureq::Agent,
+    blobs: String, // {registry}/v2/{repo}/blobs/
+    auth: Option<String>,
+    patience: Duration, // how long a waiter trusts someone else's fetch
+    flights: Mutex<HashMap<u32, Arc<Flight>>>,
+    memo: Mutex<VecDeque<(u32, Bytes)>>,
+    failed: Mutex<HashMap<u32, Instant>>,
+    tmp_seq: AtomicU64,
+    pub stats: Stats,
+}
+
+impl Store {
+    pub fn new(index: Arc<Index>, cache: &Path, reg: Registry) -> Result<Store, String> {
+        let dir = cache.join("chunks");
+        fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let http: ureq::Agent = ureq::Agent::config_builder()
+            .timeout_global(Some(reg.timeout))
+            .timeout_connect(Some(CONNECT_TIMEOUT.min(reg.timeout)))
+            .http_status_as_error(false)
+            // a registry may send blob reads elsewhere (307 to storage); the token stays with the registry
+            .max_redirects(5)
+            .redirect_auth_headers(ureq::config::RedirectAuthHeaders::SameHost)
+            .max_idle_connections(64)
+            .max_idle_connections_per_host(32)
+            .build()
+            .into();
+        Ok(Store {
+            index,
+            dir,
+            http,
+            blobs: format!("{}/v2/{}/blobs/", reg.url.trim_end_matches('/'), reg.repo),
+            auth: reg.auth,
+            patience: reg.timeout * 2 + Duration::from_secs(5),
+            flights: Mutex::new(HashMap::new()),
+            memo: Mutex::new(VecDeque::new()),
+            failed: Mutex::new(HashMap::new()),
+            tmp_seq: AtomicU64::new(0),
+            stats: Stats::default(),
+        })
+    }
+
+    /// The verified bytes of chunks `cis` (a read's chunks, in file order). Missing ones are
+    /// fetched right away, grouped into runs: a read never queues behind the prefetch.
+    pub fn chunks(&self, cis: &[u32]) -> Result<Vec<Bytes>, String> {
+        let mut out: Vec<Option<Bytes>> = vec![None; cis.len()];
+        let mut mine = Vec::new(); // positions in cis this call fetches
+        let mut theirs = Vec::new(); // (position, flight) fetched by someone else
+        let mut refused = None;
+        for (i, &ci) in cis.iter().enumerate() {
+            if let Some(b) = self.memo_get(ci).or_else(|| self.read_cached(ci)) {
+                self.stats.hits.fetch_add(1, Relaxed);
+                out[i] = Some(b);
+                continue;
+            }
+            if self.failed.lock().unwrap().get(&ci).is_some_and(|t| t.elapsed() < FAILED_FOR) {
+                refused = Some(format!("chunk {ci}: its fetch failed just now"));
+                break;
+            }
+            match self.claim(ci) {
+                Ok(()) => match self.read_cached(ci) {
+                    // written by another fetch (or daemon) between our look and our claim
+                    Some(b) => {
+                        self.finish(ci, Ok(b.clone()));
+                        out[i] = Some(b);
+                    }
+                    None => mine.push(i),
+                },
+                Err(f) => theirs.push((i, f)),
+            }
+        }
+        let mine_cis: Vec<u32> = mine.iter().map(|&i| cis[i]).collect();
+        if let Some(e) = refused {
+            // release what this call claimed: a claimed chunk must always be finished
+            for &ci in &mine_cis {
+                self.finish(ci, Err(e.clone()));
+            }
+            return Err(e);
+        }
+        let mut fetched = Vec::new();
+        for run in self.runs(&mine_cis) {
+            fetched.extend(self.fetch_run(&run));
+        }
+        for (&i, r) in mine.iter().zip(fetched) {
+            out[i] = Some(r?);
+        }
+        for (i, f) in theirs {
+            out[i] = Some(self.wait(cis[i], &f)?);
+        }
+        let out: Vec<Bytes> = out.into_iter().map(|b| b.expect("every chunk resolved")).collect();
+        for (&ci, b) in cis.iter().zip(&out) {
+            self.memo_put(ci, b);
+        }
+        Ok(out)
+    }
+
+    /// One prefetch worker: claim the next run of chunks not yet cached nor in flight, in index
+    /// order (`cursor` is shared by the workers), fetch it, repeat until done or `stop`.
+    /// Returns (bytes fetched, chunks that failed).
+    pub fn prefetch(&self, cursor: &Mutex<usize>, stop: &AtomicBool) -> (u64, u64) {
+        let (mut bytes, mut failed) = (0u64, 0u64);
+        while !stop.load(Relaxed) {
+            let run = {
+                let mut cur = cursor.lock().unwrap();
+                let mut want = Vec::new();
+                let mut size = 0;
+                while *cur < self.index.chunks.len() {
+                    let ci = *cur as u32;
+                    let c = &self.index.chunks[ci as usize];
+                    if let Some(&prev) = want.last() {
+                        if !self.follows(prev, ci) || size + c.size > MAX_RUN {
+                            break;
+                        }
+                    }
+                    *cur += 1;
+                    if self.path(ci).exists() {
+                        if want.is_empty() {
+                            continue;
+                        }
+                        break;
+                    }
+                    size += c.size;
+                    want.push(ci);
+                }
+                let mut flights = self.flights.lock().unwrap();
+                want.retain(|ci| !flights.contains_key(ci));
+                for &ci in &want {
+                    flights.insert(ci, new_flight());
+                }
+                want
+            };
+            if run.is_empty() {
+                if *cursor.lock().unwrap() >= self.index.chunks.len() {
+                    break;
+                }
+                continue;
+            }
+            for sub in self.runs(&run) {
+                for (ci, r) in sub.iter().zip(self.fetch_run(&sub)) {
+                    match r {
+                        Ok(_) => bytes += self.index.chunks[*ci as usize].size as u64,
+                        Err(_) => failed += 1,
+                    }
+                }
+            }
+        }
+        (bytes, failed)
+    }
+
+    /// Claim `ci` for fetching: Ok if this caller now owns its flight, Err(flight) to wait on.
+    fn claim(&self, ci: u32) -> Result<(), Arc<Flight>> {
+        let mut flights = self.flights.lock().unwrap();
+        if let Some(f) = flights.get(&ci) {
+            return Err(f.clone());
+        }
+        flights.insert(ci, new_flight());
+        Ok(())
+    }
+
+    /// Publish a claimed chunk's outcome to its waiters and forget the flight.
+    fn finish(&self, ci: u32, r: Result<Bytes, String>) {
+        if let Some(f) = self.flights.lock().unwrap().remove(&ci) {
+            *f.done.lock().unwrap() = Some(r);
+            f.cv.notify_all();
+        }
+    }
+
+    fn wait(&self, ci: u32, f: &Flight) -> Result<Bytes, String> {
+        let deadline = Instant::now() + self.patience;
+        let mut done = f.done.lock().unwrap();
+        while done.is_none() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(format!("chunk {ci}: gave up waiting for its fetch"));
+            }
+            done = f.cv.wait_timeout(done, left).unwrap().0;
+        }
+        done.clone().unwrap()
+    }
+
+    /// Whether chunk `b` sits right after chunk `a` in the same pack (one GET can carry both).
+    fn follows(&self, a: u32, b: u32) -> bool {
+        let (x, y) = (&self.index.chunks[a as usize], &self.index.chunks[b as usize]);
+        x.pack == y.pack && x.offset + x.size as u64 == y.offset
+    }
+
+    /// Split chunks into runs that one GET each can fetch.
+    fn runs(&self, cis: &[u32]) -> Vec<Vec<u32>> {
+        let mut out: Vec<Vec<u32>> = Vec::new();
+        let mut size = 0;
+        for &ci in cis {
+            let c = self.index.chunks[ci as usize].size;
+            match out.last_mut() {
+                Some(run) if self.follows(*run.last().unwrap(), ci) && size + c <= MAX_RUN => {
+                    run.push(ci);
+                    size += c;
+                }
+                _ => {
+                    out.push(vec![ci]);
+                    size = c;
+                }
+            }
+        }
+        out
+    }
+
+    /// Fetch one run of claimed chunks with one GET, verify each chunk (a mismatch is fetched once
+    /// more on its own), cache the good ones, and finish every flight. Results in run order.
+    fn fetch_run(&self, run: &[u32]) -> Vec<Result<Bytes, String>> {
+        let ix = &self.index;
+        let (first, last) = (&ix.chunks[run[0] as usize], &ix.chunks[*run.last().unwrap() as usize]);
+        let pack = first.pack;
+        let got = self.get_range(pack, first.offset, last.offset + last.size as u64);
+        let mut out = Vec::with_capacity(run.len());
+        for &ci in run {
+            let c = &ix.chunks[ci as usize];
+            let r = match &got {
+                Err(e) => Err(e.clone()),
+                Ok(buf) => {
+                    let at = (c.offset - first.offset) as usize;
+                    self.verified(ci, &buf[at..at + c.size])
+                }
+            };
+            match &r {
+                Ok(b) => {
+                    self.put_cache(ci, b);
+                    self.stats.fetched_chunks.fetch_add(1, Relaxed);
+                }
+                Err(_) => {
+                    let mut failed = self.failed.lock().unwrap();
+                    failed.retain(|_, t| t.elapsed() < FAILED_FOR);
+                    failed.insert(ci, Instant::now());
+                }
+            }
+            self.finish(ci, r.clone());
+            out.push(r);
+        }
+        if got.is_ok() {
+            self.stats.fetched_bytes.fetch_add(last.offset + last.size as u64 - first.offset, Relaxed);
+        }
+        out
+    }
+
+    /// `data` as the chunk's bytes if its digest matches; else one refetch of the chunk alone.
+    fn verified(&self, ci: u32, data: &[u8]) -> Result<Bytes, String> {
+        let c = &self.index.chunks[ci as usize];
+        let pack = &self.index.packs[c.pack].digest;
+        if blake3::hash(data) == c.hash {
+            return Ok(Arc::new(data.to_vec()));
+        }
+        self.stats.verify_failures.fetch_add(1, Relaxed);
+        say!("chunk blake3:{} from pack {pack} failed verification; fetching it again", c.hash.to_hex());
+        let again = self.get_range(c.pack, c.offset, c.offset + c.size as u64)?;
+        self.stats.fetched_bytes.fetch_add(c.size as u64, Relaxed);
+        if blake3::hash(&again) == c.hash {
+            return Ok(Arc::new(again));
+        }
+        self.stats.verify_failures.fetch_add(1, Relaxed);
+        let e = format!("chunk blake3:{} from pack {pack} failed verification twice: EIO", c.hash.to_hex());
+        say!("{e}");
+        Err(e)
+    }
+
+    /// GET bytes [a, b) of a pack.
+    fn get_range(&self, pack: usize, a: u64, b: u64) -> Result<Vec<u8>, String> {
+        let p = &self.index.packs[pack];
+        let url = format!("{}{}", self.blobs, p.digest);
+        let what = format!("GET {url} bytes {a}-{}", b - 1);
+        let mut req = self.http.get(&url).header("Range", format!("bytes={a}-{}", b - 1));
+        if let Some(auth) = &self.auth {
+            req = req.header("Authorization", auth);
+        }
+        let fail = |e: String| {
+            self.stats.fetch_errors.fetch_add(1, Relaxed);
+            say!("{what}: {e}");
+            e
+        };
+        let mut resp = req.call().map_err(|e| fail(e.to_string()))?;
+        let status = resp.status().as_u16();
+        // 200 carries the whole blob: fine only when that is what was asked for
+        if status != 206 && !(status == 200 && a == 0 && b == p.size) {
+            return Err(fail(format!("registry answered HTTP {status}")));
+        }
+        let want = (b - a) as usize;
+        let body = resp.body_mut().with_config().limit(want as u64).read_to_vec().map_err(|e| fail(e.to_string()))?;
+        if body.len() != want {
+            return Err(fail(format!("got {} bytes, wanted {want}", body.len())));
+        }
+        Ok(body)
+    }
+
+    fn path(&self, ci: u32) -> PathBuf {
+        let hex = self.index.chunks[ci as usize].hash.to_hex();
+        self.dir.join(&hex[..2]).join(hex.as_str())
+    }
+
+    /// The cache file's bytes if present and intact; a damaged file is removed (and counted).
+    fn read_cached(&self, ci: u32) -> Option<Bytes> {
+        let path = self.path(ci);
+        let data = fs::read(&path).ok()?;
+        if blake3::hash(&data) == self.index.chunks[ci as usize].hash {
+            return Some(Arc::new(data));
+        }
+        self.stats.verify_failures.fetch_add(1, Relaxed);
+        say!("cache file {} is corrupt: removed, fetching the chunk again", path.display());
+        let _ = fs::remove_file(&path);
+        None
+    }
+
+    fn put_cache(&self, ci: u32, data: &[u8]) {
+        let path = self.path(ci);
+        if path.exists() {
+            return;
+        }
+        let dir = path.parent().unwrap();
+        let tmp = dir.join(format!(
+            ".{}.{}-{}.tmp",
+            path.file_name().unwrap().to_string_lossy(),
+            std::process::id(),
+            self.tmp_seq.fetch_add(1, Relaxed)
+        ));
+        let r = fs::create_dir_all(dir).and_then(|_| fs::write(&tmp, data)).and_then(|_| fs::rename(&tmp, &path));
+        if let Err(e) = r {
+            // still served from memory; only the next read pays the fetch again
+            let _ = fs::remove_file(&tmp);
+            say!("cannot cache {}: {e}", path.display());
+        }
+    }
+
+    fn memo_get(&self, ci: u32) -> Option<Bytes> {
+        let memo = self.memo.lock().unwrap();
+        memo.iter().find(|(c, _)| *c == ci).map(|(_, b)| b.clone())
+    }
+
+    fn memo_put(&self, ci: u32, b: &Bytes) {
+        let mut memo = self.memo.lock().unwrap();
+        if memo.iter().any(|(c, _)| *c == ci) {
+            return;
+        }
+        memo.push_back((ci, b.clone()));
+        while memo.len() > MEMO_CHUNKS || memo.iter().map(|(_, b)| b.len()).sum::<usize>() > MEMO_BYTES {
+            memo.pop_front();
+        }
+    }
+}
+
+fn new_flight() -> Arc<Flight> {
+    Arc::new(Flight { done: Mutex::new(None), cv: Condvar::new() })
+}

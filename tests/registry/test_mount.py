@@ -1,0 +1,164 @@
+"""`coldstart mount`: the lazy FUSE daemon (lazyfs/) on a real registry. Every byte read through the
+mount equals the original, whatever the access pattern; a corrupt chunk is never returned (from the
+registry or from the node cache); a registry gone mid-read gives EIO within the timeout; mounts on
+one node share the chunk cache; a snapshot restores from a registry reference and serves."""
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from coldstart.engine.launcher import free_port
+from coldstart.registry import artifact, mount, server
+from coldstart.registry.distribution import Ref, Registry
+
+from .test_push_pull import SMALL, same_tree
+
+pytestmark = pytest.mark.timeout(900)
+
+
+@pytest.fixture(autouse=True)
+def _lazy_cache(tmp_path, monkeypatch):
+    """An empty node cache per test (a fresh node), unless the test shares one on purpose."""
+    monkeypatch.setenv("COLDSTART_LAZY_CACHE", str(tmp_path / "lazy-cache"))
+    try:
+        mount.daemon_binary()
+    except Exception as e:  # noqa: BLE001
+        pytest.fail(f"the lazy daemon is not built: {e}")
+
+
+@pytest.fixture
+def mounted(registry, tree, tmp_path):
+    ref = f"{registry.host}/t/mount:v1"
+    artifact.push(tree, ref, **SMALL)
+    m = mount.mount(ref, tmp_path / "mnt", prefetch=False, timeout_s=5)
+    yield m
+    m.unmount()
+
+
+def test_reads_are_identical_sequential_random_and_mmap(mounted, tree):
+    same_tree(tree, mounted.mountpoint)
+    src, dst = (tree / "big.bin").read_bytes(), mounted.mountpoint / "big.bin"
+    rnd = random.Random(0)
+    with open(dst, "rb", buffering=0) as f:
+        for _ in range(200):
+            off = rnd.randrange(len(src))
+            n = rnd.randrange(1, 300_000)
+            assert os.pread(f.fileno(), n, off) == src[off:off + n]
+        with mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mm:
+            for _ in range(200):
+                off = rnd.randrange(len(src) - 4096)
+                assert mm[off:off + 4096] == src[off:off + 4096]
+    with pytest.raises(OSError) as e:
+        open(mounted.mountpoint / "big.bin", "r+b")
+    assert e.value.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def _pack_of(ref: str, path: str) -> tuple[str, int]:
+    """The digest of the pack holding ``path``'s first chunk, and that chunk's offset in it."""
+    index, _, _ = artifact.fetch_index(Registry(Ref.parse(ref)))
+    e = next(e for e in index.entries if e.path == path)
+    c = index.chunks[e.chunks[0]]
+    return index.packs[c.pack].digest, c.offset
+
+
+def test_chunk_corrupt_in_registry_gives_eio_never_bytes(registry, tree, tmp_path):
+    ref = f"{registry.host}/t/badchunk:v1"
+    artifact.push(tree, ref, **SMALL)
+    digest, off = _pack_of(ref, "big.bin")
+    blob = registry.blob_path(digest)
+    original = blob.read_bytes()
+    data = bytearray(original)
+    data[off + 10] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    m = mount.mount(ref, tmp_path / "mnt", prefetch=False, timeout_s=5)
+    try:
+        with open(m.mountpoint / "big.bin", "rb", buffering=0) as f:
+            with pytest.raises(OSError) as e:
+                os.pread(f.fileno(), 4096, 0)
+            assert e.value.errno == errno.EIO
+            good = (tree / "big.bin").read_bytes()
+            assert os.pread(f.fileno(), 4096, 64 << 10) == good[64 << 10:(64 << 10) + 4096]  # next chunk is fine
+    finally:
+        m.unmount()
+        blob.write_bytes(original)
+    assert any(w in m.log.read_text().lower() for w in ("mismatch", "corrupt", "digest"))
+
+
+def test_chunk_corrupt_in_node_cache_is_refetched(registry, tree, tmp_path):
+    ref = f"{registry.host}/t/badcache:v1"
+    artifact.push(tree, ref, **SMALL)
+    m = mount.mount(ref, tmp_path / "mnt", prefetch=False, timeout_s=5)
+    try:
+        assert (m.mountpoint / "big.bin").read_bytes() == (tree / "big.bin").read_bytes()
+    finally:
+        m.unmount()
+    cached = sorted((mount.cache_dir() / "chunks").rglob("*"), key=lambda p: p.stat().st_size if p.is_file() else 0)
+    victim = [p for p in cached if p.is_file() and p.stat().st_size == 64 << 10][0]
+    raw = bytearray(victim.read_bytes())
+    raw[5] ^= 0xFF
+    victim.write_bytes(bytes(raw))
+    m = mount.mount(ref, tmp_path / "mnt2", prefetch=False, timeout_s=5)
+    try:
+        same_tree(tree, m.mountpoint)
+    finally:
+        m.unmount()
+
+
+def test_registry_gone_mid_read_gives_eio_within_timeout(tree, tmp_path):
+    srv = server.start(tmp_path / "reg", free_port())
+    ref = f"{srv.host}/t/gone:v1"
+    artifact.push(tree, ref, **SMALL)
+    m = mount.mount(ref, tmp_path / "mnt", prefetch=False, timeout_s=3)
+    try:
+        with open(m.mountpoint / "big.bin", "rb", buffering=0) as f:
+            assert os.pread(f.fileno(), 100, 0) == (tree / "big.bin").read_bytes()[:100]
+            srv.stop()
+            t0 = time.monotonic()
+            with pytest.raises(OSError) as e:
+                os.pread(f.fileno(), 4096, 3 << 20)  # a chunk not fetched yet
+            assert e.value.errno == errno.EIO and time.monotonic() - t0 < 20
+    finally:
+        m.unmount()
+        srv.stop()
+
+
+def test_two_mounts_share_the_node_cache(tree, tmp_path):
+    srv = server.start(tmp_path / "reg", free_port())
+    ref = f"{srv.host}/t/shared:v1"
+    artifact.push(tree, ref, **SMALL)
+    a = mount.mount(ref, tmp_path / "a", prefetch=True, timeout_s=5)
+    try:
+        same_tree(tree, a.mountpoint)  # every chunk now in the node cache
+        b = mount.mount(ref, tmp_path / "b", prefetch=False, timeout_s=3)
+        srv.stop()  # the second mount must be served from the cache alone
+        try:
+            same_tree(tree, b.mountpoint)
+        finally:
+            b.unmount()
+    finally:
+        a.unmount()
+        srv.stop()
+
+
+def test_cli_mount_and_umount(registry, tree, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    ref = f"{registry.host}/t/climount:v1"
+    artifact.push(tree, ref, **SMALL)
+    p = subprocess.run([sys.executable, "-m", "coldstart.cli", "mount", ref, str(tmp_path / "mnt")],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    info = json.loads(p.stdout.strip().splitlines()[-1])
+    try:
+        same_tree(tree, Path(info["mountpoint"]))
+    finally:
+        subprocess.run([sys.executable, "-m", "coldstart.cli", "umount", info["mountpoint"]], check=True, timeout=60)
+    assert not os.path.ismount(info["mountpoint"])
