@@ -114,3 +114,29 @@ def _caps_in_docs(heading: str) -> list[str]:
 def test_the_capability_lists_in_the_docs_are_what_the_containers_get():
     assert _caps_in_docs("### The restore container's capabilities") == run.RESTORE_CAPS
     assert _caps_in_docs("### The checkpoint container's capabilities") == run.CHECKPOINT_CAPS
+
+
+def test_restore_in_a_container_from_a_lazy_registry_mount(docker_client, app_image, container_snapshot,
+                                                           tiny_model_dir, tmp_path, monkeypatch):
+    """The fleet path: the snapshot pushed to a registry, mounted lazily on the host (empty chunk
+    cache), the mount bound read-only into a least-privilege container that restores from it."""
+    from coldstart.registry import artifact, mount, server
+
+    srv = server.start(tmp_path / "registry", free_port())
+    try:
+        ref = f"{srv.host}/snapshots/container-tiny:v1"
+        artifact.push(container_snapshot, ref)
+        monkeypatch.setenv("COLDSTART_LAZY_CACHE", str(tmp_path / "lazy-cache"))
+        mnt = mount.mount(ref, tmp_path / "mnt")
+        port = free_port()
+        ctr = run.start_restore(docker_client, app_image.tag, mnt.mountpoint, tiny_model_dir, port,
+                                env={"COLDSTART_VERIFY": "off"})  # the mount checks every chunk it serves
+        try:
+            summary = _summary(ctr, 240)
+            assert summary["restored"] is True and summary["canary_ok"] is True, summary
+            assert _completion(port, str(tiny_model_dir))["choices"][0]["text"]
+        finally:
+            ctr.remove(force=True)
+            mnt.unmount()
+    finally:
+        srv.stop()

@@ -76,7 +76,9 @@ def _serve_container(ctr, port: int, t0: float, warmer=None) -> None:
 
 @container_app.command("restore")
 def restore_command(
-    snapshot: Path = typer.Argument(..., help="snapshot directory on the host (mounted read-only)"),
+    snapshot: str = typer.Argument(..., help="snapshot directory on the host (mounted read-only), or a registry "
+                                   "reference: mounted lazily on the host (`coldstart mount`) and that mount "
+                                   "bound into the container read-only"),
     model: Path = typer.Option(..., "--model", help="the model directory the snapshot was taken from"),
     port: int = typer.Option(8000, "--port", help="host port (127.0.0.1) published to the container's 8000"),
     name: Optional[str] = typer.Option(None, "--name", help="container name"),
@@ -86,6 +88,7 @@ def restore_command(
 ) -> None:
     """Start a container that restores SNAPSHOT (entrypoint `coldstart restore`, least privilege, its own
     network, the port published) and wait for its summary line (restored or fallback, and why)."""
+    import os
     import time
 
     from coldstart.containers import docker_api, image, run
@@ -94,8 +97,20 @@ def restore_command(
     img = image.app_image(c, Path(__file__).resolve().parents[3], say=lambda m: typer.echo(m, err=True))
     layers = docker_api.image_layers(c, img.tag)
     t0, wall0 = time.monotonic(), time.time()
-    warmer = run.host_warm(snapshot, layers) if host_warm else None
-    ctr = run.create_restore(c, img.tag, snapshot, model, port, name=name, env={"COLDSTART_T0": repr(wall0)})
+    env = {"COLDSTART_T0": repr(wall0)}
+    snap = Path(snapshot)
+    if not snap.exists() and "/" in snapshot and not snapshot.startswith(("/", ".")):
+        from coldstart.registry.mount import mount
+        from coldstart.state import state_dir
+
+        m = mount(snapshot, state_dir() / "mounts" / f"container-{os.getpid()}")
+        snap = m.mountpoint
+        # every byte read through the mount is checked against its chunk's BLAKE3 digest
+        env["COLDSTART_VERIFY"] = "off"
+        typer.echo(f"mounted {snapshot} at {snap} (lazy); `coldstart umount {snap}` once the container is gone",
+                   err=True)
+    warmer = run.host_warm(snap, layers) if host_warm else None
+    ctr = run.create_restore(c, img.tag, snap, model, port, name=name, env=env)
     ctr.start()
     _serve_container(ctr, port, t0, warmer)
 

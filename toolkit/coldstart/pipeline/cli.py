@@ -69,7 +69,7 @@ def restore_cmd(
                                    "registry reference (host[:port]/repo[:tag], pushed by `coldstart push`): mounted "
                                    "lazily, then restored from the mount."),
     serve: bool = typer.Option(True, "--serve/--no-serve", help="--no-serve: return once READY, leave the server running."),
-    verify: str = typer.Option("auto", "--verify", help="Digests of the snapshot's files, checked before serving: "
+    verify: str = typer.Option("auto", "--verify", envvar="COLDSTART_VERIFY", help="Digests of the snapshot's files, checked before serving: "
                                "auto (what this node has not verified unchanged before) | full (everything, "
                                "every time) | off."),
     no_verify: bool = typer.Option(False, "--no-verify", help="Same as --verify off."),
