@@ -2,11 +2,13 @@
 //! read-only, fetching its chunks on first read and verifying each against its BLAKE3 digest before
 //! any byte of it is returned. Chunks land in a content-addressed cache directory shared by every
 //! mount on the node; with --prefetch all, background workers fill it in the index's order (the
-//! order of first access) while reads that miss jump the queue with fetches of their own.
+//! order of first access) while reads that miss jump the queue with fetches of their own. With
+//! --cache-max-bytes the cache is kept under a bound, never evicting a chunk a live mount uses.
 //!
 //! Runs in the foreground until SIGTERM/SIGINT or `fusermount3 -u`, then unmounts and exits 0.
 //! The Python side (the lazy stage) owns this command line.
 
+mod cache;
 mod fs;
 mod index;
 mod log;
@@ -47,6 +49,9 @@ struct Args {
     /// Node-local chunk cache (shared by every mount on the node)
     #[arg(long)]
     cache: PathBuf,
+    /// Bound on the bytes of the cache's chunks (0: none); chunks a live mount uses are kept beyond it
+    #[arg(long, default_value_t = 0)]
+    cache_max_bytes: u64,
     #[arg(long)]
     mountpoint: PathBuf,
     #[arg(long, value_enum, default_value_t = Prefetch::All)]
@@ -106,7 +111,8 @@ fn run(args: Args, signals: &libc::sigset_t) -> Result<(), String> {
         auth: args.auth_header.clone(),
         timeout: Duration::from_secs(args.timeout_s),
     };
-    let store = Arc::new(Store::new(index.clone(), &args.cache, reg).map_err(|e| format!("cache: {e}"))?);
+    let store =
+        Arc::new(Store::new(index.clone(), &args.cache, reg, args.cache_max_bytes).map_err(|e| format!("cache: {e}"))?);
 
     let mut config = fuser::Config::default();
     config.mount_options = vec![
@@ -128,7 +134,7 @@ fn run(args: Args, signals: &libc::sigset_t) -> Result<(), String> {
     }
     let pack_bytes: u64 = index.packs.iter().map(|p| p.size).sum();
     say!(
-        "mounted {mp}: {} inodes, {} chunks of up to {} bytes in {} packs ({} bytes), {}/v2/{}, cache {}",
+        "mounted {mp}: {} inodes, {} chunks of up to {} bytes in {} packs ({} bytes), {}/v2/{}, cache {} (bound {})",
         index.len(),
         index.chunks.len(),
         index.chunk_size,
@@ -136,7 +142,11 @@ fn run(args: Args, signals: &libc::sigset_t) -> Result<(), String> {
         pack_bytes,
         args.registry,
         args.repo,
-        args.cache.display()
+        args.cache.display(),
+        match store.max_bytes() {
+            0 => "none".to_string(),
+            n => format!("{n} bytes"),
+        }
     );
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -147,6 +157,7 @@ fn run(args: Args, signals: &libc::sigset_t) -> Result<(), String> {
         if let Err(e) = write_ready(p) {
             stop.store(true, Relaxed);
             let _ = bg.take().unwrap().umount_and_join();
+            store.unpin_all();
             return Err(format!("cannot write ready file {}: {e}", p.display()));
         }
     }
@@ -178,6 +189,8 @@ fn run(args: Args, signals: &libc::sigset_t) -> Result<(), String> {
         s.verify_failures.load(Relaxed),
         s.fetch_errors.load(Relaxed)
     );
+    // its chunks become evictable (a crashed daemon's pins are removed by the next one to start)
+    store.unpin_all();
     // prefetch workers may be inside a request; they hold nothing that needs them to finish
     std::process::exit(0);
 }

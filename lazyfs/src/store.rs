@@ -2,10 +2,12 @@
 //! digest matched.
 //!
 //! A chunk's bytes come from, in order: a small memo of chunks served lately (already verified, in
-//! memory); the cache file CACHE/chunks/<2 hex>/<hex>, verified again on every read since a file can
-//! be damaged after it was written (a corrupt one is deleted and fetched again); or a Range GET of
-//! its pack. Cache files are only ever written after verification, to a temp file in the same
-//! directory and renamed, so any number of daemons on the node share the directory without locks.
+//! memory); the cache file CACHE/chunks/<2 hex>/<hex>, read through this daemon's pin link to it
+//! (cache.rs: a pinned file is never evicted) and verified again on every read since a file can be
+//! damaged after it was written (a corrupt one is deleted and fetched again); or a Range GET of its
+//! pack. Cache files are only ever written after verification, to a temp file in the same
+//! directory, pinned, and renamed, so any number of daemons on the node share the directory
+//! without locks.
 //! A chunk being fetched is in the in-flight map: whoever wants it meanwhile waits for that one
 //! fetch instead of starting another. Consecutive chunks of one pack travel in one GET.
 
@@ -14,8 +16,9 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
+use crate::cache::{make_pin_dir, Bound};
 use crate::index::Index;
 use crate::log::say;
 
@@ -31,6 +34,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// A chunk whose fetch just failed fails again at once for this long: the kernel retries a failed
 /// readahead with a read of its own right away, which would otherwise wait out a second timeout.
 const FAILED_FOR: Duration = Duration::from_secs(2);
+/// A cache file's mtime says when it was last used (eviction takes the oldest first); refreshing
+/// it on every read would cost a syscall per read for no better order.
+const TOUCH_EVERY_S: u64 = 60;
 
 #[derive(Default)]
 pub struct Stats {
@@ -55,7 +61,12 @@ struct Flight {
 
 pub struct Store {
     index: Arc<Index>,
-    dir: PathBuf, // CACHE/chunks
+    dir: PathBuf,  // CACHE/chunks
+    pins: PathBuf, // CACHE/pins/<pid>-<random>, this daemon's links (cache.rs)
+    pinned: Vec<AtomicBool>,
+    next_touch: Vec<AtomicU64>, // seconds since t0 from which a chunk's mtime may be touched again
+    t0: Instant,
+    bound: Arc<Bound>,
     http: ureq::Agent,
     blobs: String, // {registry}/v2/{repo}/blobs/
     auth: Option<String>,
@@ -68,9 +79,11 @@ pub struct Store {
 }
 
 impl Store {
-    pub fn new(index: Arc<Index>, cache: &Path, reg: Registry) -> Result<Store, String> {
+    /// `max_bytes`: the bound on the cache's chunks/ (0: none).
+    pub fn new(index: Arc<Index>, cache: &Path, reg: Registry, max_bytes: u64) -> Result<Store, String> {
         let dir = cache.join("chunks");
         fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let pins = make_pin_dir(cache)?;
         let http: ureq::Agent = ureq::Agent::config_builder()
             .timeout_global(Some(reg.timeout))
             .timeout_connect(Some(CONNECT_TIMEOUT.min(reg.timeout)))
@@ -82,9 +95,15 @@ impl Store {
             .max_idle_connections_per_host(32)
             .build()
             .into();
+        let n = index.chunks.len();
         Ok(Store {
             index,
             dir,
+            pins,
+            pinned: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            next_touch: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            t0: Instant::now(),
+            bound: Bound::start(cache, max_bytes),
             http,
             blobs: format!("{}/v2/{}/blobs/", reg.url.trim_end_matches('/'), reg.repo),
             auth: reg.auth,
@@ -170,7 +189,7 @@ impl Store {
                         }
                     }
                     *cur += 1;
-                    if self.path(ci).exists() {
+                    if self.pin(ci) {
                         if want.is_empty() {
                             continue;
                         }
@@ -346,29 +365,76 @@ impl Store {
         Ok(body)
     }
 
+    /// The bound on the cache (0: none), for the log.
+    pub fn max_bytes(&self) -> u64 {
+        self.bound.max()
+    }
+
+    /// Remove this daemon's pin dir (at exit): its chunks become evictable.
+    pub fn unpin_all(&self) {
+        let _ = fs::remove_dir_all(&self.pins);
+    }
+
     fn path(&self, ci: u32) -> PathBuf {
         let hex = self.index.chunks[ci as usize].hash.to_hex();
         self.dir.join(&hex[..2]).join(hex.as_str())
     }
 
-    /// The cache file's bytes if present and intact; a damaged file is removed (and counted).
+    fn pin_path(&self, ci: u32) -> PathBuf {
+        self.pins.join(self.index.chunks[ci as usize].hash.to_hex().as_str())
+    }
+
+    /// Make sure this daemon holds a link to chunk `ci`'s cache file; false if the cache lacks it.
+    fn pin(&self, ci: u32) -> bool {
+        if self.pinned[ci as usize].load(Relaxed) {
+            return true;
+        }
+        match fs::hard_link(self.path(ci), self.pin_path(ci)) {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return false,
+            _ => self.pinned[ci as usize].store(true, Relaxed),
+        }
+        true
+    }
+
+    /// The cache file's bytes if present and intact, read through this daemon's pin (made now if
+    /// need be); a damaged file is removed (and counted).
     fn read_cached(&self, ci: u32) -> Option<Bytes> {
-        let path = self.path(ci);
-        let data = fs::read(&path).ok()?;
+        if !self.pin(ci) {
+            return None;
+        }
+        let pin = self.pin_path(ci);
+        let Ok(data) = fs::read(&pin) else {
+            // the link is gone (the pin dir removed under us): look in chunks/ again next time
+            self.pinned[ci as usize].store(false, Relaxed);
+            return None;
+        };
         if blake3::hash(&data) == self.index.chunks[ci as usize].hash {
+            self.touch(ci, &pin);
             return Some(Arc::new(data));
         }
         self.stats.verify_failures.fetch_add(1, Relaxed);
+        let path = self.path(ci);
         say!("cache file {} is corrupt: removed, fetching the chunk again", path.display());
+        self.pinned[ci as usize].store(false, Relaxed);
+        let _ = fs::remove_file(&pin);
         let _ = fs::remove_file(&path);
         None
     }
 
-    fn put_cache(&self, ci: u32, data: &[u8]) {
-        let path = self.path(ci);
-        if path.exists() {
-            return;
+    /// Mark the chunk's file as just used (its mtime, shared by every link), at most once a minute.
+    fn touch(&self, ci: u32, pin: &Path) {
+        let now = self.t0.elapsed().as_secs();
+        if self.next_touch[ci as usize].load(Relaxed) <= now {
+            self.next_touch[ci as usize].store(now + TOUCH_EVERY_S, Relaxed);
+            let _ = fs::File::open(pin).and_then(|f| f.set_modified(SystemTime::now()));
         }
+    }
+
+    fn put_cache(&self, ci: u32, data: &[u8]) {
+        if self.pin(ci) {
+            return; // already cached (by another daemon, or by another fetch of ours)
+        }
+        let path = self.path(ci);
         let dir = path.parent().unwrap();
         let tmp = dir.join(format!(
             ".{}.{}-{}.tmp",
@@ -376,12 +442,18 @@ impl Store {
             std::process::id(),
             self.tmp_seq.fetch_add(1, Relaxed)
         ));
-        let r = fs::create_dir_all(dir).and_then(|_| fs::write(&tmp, data)).and_then(|_| fs::rename(&tmp, &path));
-        if let Err(e) = r {
-            // still served from memory; only the next read pays the fetch again
-            let _ = fs::remove_file(&tmp);
-            say!("cannot cache {}: {e}", path.display());
+        let r = fs::create_dir_all(dir).and_then(|_| fs::write(&tmp, data));
+        // pinned before it has its chunks/ name: no eviction pass ever sees it unpinned
+        let pinned = r.is_ok() && fs::hard_link(&tmp, self.pin_path(ci)).is_ok();
+        match r.and_then(|_| fs::rename(&tmp, &path)) {
+            Ok(()) => self.bound.wrote(data.len() as u64),
+            Err(e) => {
+                // still served from memory; only the next read pays the fetch again
+                let _ = fs::remove_file(&tmp);
+                say!("cannot cache {}: {e}", path.display());
+            }
         }
+        self.pinned[ci as usize].store(pinned, Relaxed);
     }
 
     fn memo_get(&self, ci: u32) -> Option<Bytes> {

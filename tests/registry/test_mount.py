@@ -1,7 +1,8 @@
 """`coldstart mount`: the lazy FUSE daemon (lazyfs/) on a real registry. Every byte read through the
 mount equals the original, whatever the access pattern; a corrupt chunk is never returned (from the
 registry or from the node cache); a registry gone mid-read gives EIO within the timeout; mounts on
-one node share the chunk cache; a snapshot restores from a registry reference and serves."""
+one node share the chunk cache, and a bound on it never evicts what a live mount uses; a snapshot
+restores from a registry reference and serves."""
 from __future__ import annotations
 
 import errno
@@ -144,6 +145,42 @@ def test_two_mounts_share_the_node_cache(tree, tmp_path):
     finally:
         a.unmount()
         srv.stop()
+
+
+def _chunk_bytes() -> tuple[int, int]:
+    """Bytes of the chunk files in the node cache, and of those that live mounts pin (link count > 1)."""
+    st = [p.stat() for p in (mount.cache_dir() / "chunks").rglob("*") if p.is_file() and not p.name.startswith(".")]
+    return sum(s.st_size for s in st), sum(s.st_size for s in st if s.st_nlink > 1)
+
+
+def test_bounded_cache_evicts_only_chunks_no_live_mount_uses(registry, tree, tmp_path):
+    ref = f"{registry.host}/t/bounded:v1"
+    artifact.push(tree, ref, **SMALL)
+    bound = 1 << 20  # the tree is about 4 MiB
+    a = mount.mount(ref, tmp_path / "a", prefetch=True, timeout_s=5, cache_max_bytes=bound)
+    try:
+        same_tree(tree, a.mountpoint)
+        b = mount.mount(ref, tmp_path / "b", prefetch=False, timeout_s=5, cache_max_bytes=bound)
+        try:
+            same_tree(tree, b.mountpoint)
+            total, pinned = _chunk_bytes()
+            assert bound < total <= bound + pinned
+        finally:
+            b.unmount()
+    finally:
+        a.unmount()
+    assert not any((mount.cache_dir() / "pins").iterdir())
+    # once no mount uses them, the next daemon trims the chunks to the bound, and fetches again what it evicted
+    c = mount.mount(ref, tmp_path / "c", prefetch=False, timeout_s=5, cache_max_bytes=bound)
+    try:
+        end = time.monotonic() + 10
+        while "cache eviction" not in c.log.read_text() and time.monotonic() < end:
+            time.sleep(0.05)
+        assert _chunk_bytes()[0] <= bound
+        same_tree(tree, c.mountpoint)
+    finally:
+        c.unmount()
+    assert not any((mount.cache_dir() / "pins").iterdir())
 
 
 def test_cli_mount_and_umount(registry, tree, tmp_path):

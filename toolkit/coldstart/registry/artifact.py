@@ -184,11 +184,31 @@ def _first_ranges(root: Path) -> list[tuple[str, int, int]]:
     return [(r.file, r.offset, r.length) for r in prof.ranges if not os.path.isabs(r.file)]
 
 
-def build_index(root: Path, *, chunk_size: int = CHUNK, pack_size: int = PACK, say: Say = lambda s: None) -> Index:
+def shipped_profile(root: Path) -> dict[str, bytes]:
+    """The access profile this node recorded for the snapshot at ``root``, as a ``profile.json`` to
+    publish with it (a snapshot is never written after publish, so it is not in the tree): a node
+    that mounts the artifact then warms in first-access order at once. {} when the tree has its own
+    profile.json or none was recorded."""
+    if (Path(root) / "profile.json").exists():
+        return {}
+    try:
+        from coldstart.warm.snapshot import resolve_profile
+
+        p = resolve_profile(Path(root))
+        return {"profile.json": p.read_bytes()} if p is not None else {}
+    except (ColdstartError, OSError, ImportError):
+        return {}
+
+
+def build_index(root: Path, *, chunk_size: int = CHUNK, pack_size: int = PACK, say: Say = lambda s: None,
+                extra: dict[str, bytes] | None = None) -> Index:
     """Chunk and hash every file (BLAKE3, threads: the hash releases the GIL), then order the chunks:
-    small files, the profile's ranges, the rest; cut into packs. Pack digests come later (pack_digests)."""
+    small files, the profile's ranges, the rest; cut into packs. Pack digests come later (pack_digests).
+    ``extra``: files published with the tree that are not in it (relative path -> bytes)."""
     root = Path(root)
-    entries = _walk(root)
+    extra = extra or {}
+    entries = sorted(_walk(root) + [Entry(rel, "file", 0o644, size=len(b)) for rel, b in extra.items()],
+                     key=lambda e: e.path)
     files = [e for e in entries if e.type == "file"]
     total = sum(e.size for e in files)
     say(f"hashing {len(files)} files, {total / 2**20:.0f} MiB, in {chunk_size >> 10} KiB chunks")
@@ -196,6 +216,11 @@ def build_index(root: Path, *, chunk_size: int = CHUNK, pack_size: int = PACK, s
 
     def hash_file(e: Entry) -> None:
         out = []
+        if e.path in extra:
+            b = extra[e.path]
+            per_file[e.path] = [(_blake3(b[i:i + chunk_size]), len(b[i:i + chunk_size]))
+                                for i in range(0, len(b), chunk_size)]
+            return
         with open(root / e.path, "rb", buffering=0) as f:
             while True:
                 b = f.read(chunk_size)
@@ -263,16 +288,21 @@ def _chunk_source(index: Index) -> dict[int, tuple[str, int]]:
     return src
 
 
-def _pack_pieces(root: Path, index: Index, p: Pack, src: dict[int, tuple[str, int]]):
+def _pack_pieces(root: Path, index: Index, p: Pack, src: dict[int, tuple[str, int]],
+                 extra: dict[str, bytes] | None = None):
     """The pack's bytes as pieces, read from the tree in pack order; each chunk checked again, so a
     file changed since hashing cannot be published under its old digest."""
     handles: dict[str, object] = {}
+    extra = extra or {}
     try:
         for ci in range(*p.chunks):
             c = index.chunks[ci]
             path, off = src[ci]
-            f = handles.get(path) or handles.setdefault(path, open(root / path, "rb", buffering=0))
-            b = os.pread(f.fileno(), c.size, off)
+            if path in extra:
+                b = extra[path][off:off + c.size]
+            else:
+                f = handles.get(path) or handles.setdefault(path, open(root / path, "rb", buffering=0))
+                b = os.pread(f.fileno(), c.size, off)
             if len(b) != c.size or _blake3(b) != c.digest:
                 raise ArtifactError(f"{root / path} changed while it was being pushed (chunk at {off})")
             yield b
@@ -288,12 +318,12 @@ def _thread_registry(local: threading.local, reg: Registry) -> Registry:
     return local.reg
 
 
-def pack_digests(root: Path, index: Index, threads: int = 2) -> None:
+def pack_digests(root: Path, index: Index, threads: int = 2, extra: dict[str, bytes] | None = None) -> None:
     src = _chunk_source(index)
 
     def one(p: Pack) -> None:
         h = hashlib.sha256()
-        for b in _pack_pieces(root, index, p, src):
+        for b in _pack_pieces(root, index, p, src, extra):
             h.update(b)
         p.digest = "sha256:" + h.hexdigest()
 
@@ -312,15 +342,17 @@ def manifest_for(index_blob: bytes, index: Index, annotations: dict[str, str] | 
 
 def push(root: Path, ref: str, *, chunk_size: int = CHUNK, pack_size: int = PACK, threads: int = 4,
          say: Say = lambda s: None) -> PushResult:
-    """Publish ``root`` as ``ref``. Blobs the repository already has are not sent again."""
+    """Publish ``root`` as ``ref`` (with the node's recorded access profile: shipped_profile). Blobs
+    the repository already has are not sent again."""
     t0 = time.monotonic()
     root = Path(root)
     if not root.is_dir():
         raise ArtifactError(f"{root}: no such directory")
     r = Ref.parse(ref)
     reg = Registry(r)
-    index = build_index(root, chunk_size=chunk_size, pack_size=pack_size, say=say)
-    pack_digests(root, index)
+    extra = shipped_profile(root)
+    index = build_index(root, chunk_size=chunk_size, pack_size=pack_size, say=say, extra=extra)
+    pack_digests(root, index, extra=extra)
     index_blob = index.to_bytes()
     src = _chunk_source(index)
     blobs: list[tuple[str, int, object]] = [(sha256_digest(EMPTY), len(EMPTY), EMPTY),
@@ -335,7 +367,7 @@ def push(root: Path, ref: str, *, chunk_size: int = CHUNK, pack_size: int = PACK
         rg = _thread_registry(local, reg)
         if rg.has_blob(digest):
             return
-        data = body if isinstance(body, bytes) else _pack_pieces(root, index, body, src)
+        data = body if isinstance(body, bytes) else _pack_pieces(root, index, body, src, extra)
         rg.push_blob(data, digest, size)
         with lock:
             uploaded[0] += 1

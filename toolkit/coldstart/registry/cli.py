@@ -57,13 +57,17 @@ def mount_command(
                                   help="fetch every chunk in first-access order from the start (reads that miss go first)"),
     threads: int = typer.Option(8, "--threads", help="the daemon's fetch workers"),
     timeout_s: float = typer.Option(30.0, "--timeout-s", help="per registry request; a read past it fails with EIO"),
+    cache_max_mib: int | None = typer.Option(
+        None, "--cache-max-mib", help="bound on the node's chunk cache: least recently used chunks that no live "
+                                      "mount uses are evicted (default: COLDSTART_LAZY_CACHE_MAX_BYTES, else none)"),
 ) -> None:
     """Serve REF read-only at MOUNTPOINT, lazily: chunks fetched on first read, each verified (BLAKE3)
     before any byte of it is returned, kept in the node's chunk cache (COLDSTART_LAZY_CACHE) shared
     by every mount. Returns once the mount serves; the daemon runs until `coldstart umount`."""
     from coldstart.registry.mount import mount
 
-    m = mount(ref, mountpoint, prefetch=prefetch, threads=threads, timeout_s=timeout_s)
+    m = mount(ref, mountpoint, prefetch=prefetch, threads=threads, timeout_s=timeout_s,
+              cache_max_bytes=None if cache_max_mib is None else cache_max_mib << 20)
     typer.echo(json.dumps({"mountpoint": str(m.mountpoint), "pid": m.pid, "manifest_digest": m.manifest_digest,
                            "log": str(m.log)}))
 

@@ -5,7 +5,9 @@ Here, in Python, the part that must be right before anything is served: the mani
 are fetched and verified (sha256) and the index written to the node cache. The daemon then fetches
 chunks on first read (range GETs on the packs), checks each against its BLAKE3 digest before any
 byte of it is returned, keeps them in the node's content-addressed chunk cache (shared by every
-mount on the node) and prefetches the rest in the index's first-access order.
+mount on the node) and prefetches the rest in the index's first-access order. The cache may be
+bounded (COLDSTART_LAZY_CACHE_MAX_BYTES): least recently used chunks are evicted, never one that a
+live mount uses.
 """
 from __future__ import annotations
 
@@ -80,12 +82,15 @@ def _alive(pid: int, proc: subprocess.Popen | None) -> bool:
 
 
 def mount(ref: str, mountpoint: Path, *, prefetch: bool | None = None, threads: int = 8, timeout_s: float = 30.0,
-          ready_timeout: float = 15.0) -> Mount:
+          ready_timeout: float = 15.0, cache_max_bytes: int | None = None) -> Mount:
     """Mount ``ref`` at ``mountpoint`` (created if missing) and return once it serves. The daemon runs
     in its own session: it outlives the caller until ``unmount``. ``prefetch`` None: on unless
-    COLDSTART_LAZY_PREFETCH=none (the restore entrypoint has no flag for it)."""
+    COLDSTART_LAZY_PREFETCH=none (the restore entrypoint has no flag for it). ``cache_max_bytes``: the
+    node cache's bound, kept by this daemon (None: COLDSTART_LAZY_CACHE_MAX_BYTES, unset or 0 = none)."""
     if prefetch is None:
         prefetch = os.environ.get("COLDSTART_LAZY_PREFETCH", "all") != "none"
+    if cache_max_bytes is None:
+        cache_max_bytes = int(os.environ.get("COLDSTART_LAZY_CACHE_MAX_BYTES") or 0)
     r = Ref.parse(ref)
     reg = Registry(r)
     index, mdigest, _ = fetch_index(reg)
@@ -106,7 +111,8 @@ def mount(ref: str, mountpoint: Path, *, prefetch: bool | None = None, threads: 
     log = logs / f"{mdigest.split(':', 1)[1][:16]}-{os.getpid()}-{int(time.time())}.log"
     ready = logs / f".ready-{os.getpid()}-{time.monotonic_ns()}"
     argv = [daemon_binary(), "--index", str(idx), "--registry", f"{r.scheme}://{r.host}", "--repo", r.repo,
-            "--cache", str(cache), "--mountpoint", str(mountpoint), "--prefetch", "all" if prefetch else "none",
+            "--cache", str(cache), "--cache-max-bytes", str(cache_max_bytes), "--mountpoint", str(mountpoint),
+            "--prefetch", "all" if prefetch else "none",
             "--threads", str(threads), "--timeout-s", str(int(timeout_s)), "--ready-file", str(ready),
             "--log-file", str(log)]
     if reg._auth:

@@ -1,0 +1,1 @@
+"""Benchmarks that span stages. They sit on top: no stage imports this package."""

@@ -1,0 +1,63 @@
+"""`coldstart bench lazy`: thin typer wrapper over coldstart.bench.lazy."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import typer
+
+
+def bench_lazy(
+    sizes: str = typer.Option("tiny,bench", help="models (made by `coldstart model make-tiny` sizes)"),
+    rates: str = typer.Option("1,10", help="link rates in Gbit/s (tc tbf on a veth pair)"),
+    reps: int = typer.Option(2, help="repetitions per cell"),
+    methods: str = typer.Option(",".join(("pull", "lazy", "lazy+prefetch", "local")), help="pull | lazy | lazy+prefetch | local"),
+    work: Path = typer.Option(Path("/var/tmp/coldstart-bench-lazy"), help="snapshots, registry storage, node state"),
+    out: Path = typer.Option(Path("results/lazy"), help="results directory (raw.jsonl, table.md, COMMAND)"),
+) -> None:
+    """Restore → first token on an emulated fresh node: full pull then restore, lazy mount without and
+    with prefetch, beside a warm local restore; the registry in its own network namespace behind a
+    shaped link, the node emptied before each start."""
+    import shlex
+    import socket
+    import sys
+
+    from coldstart.bench import lazy
+    from coldstart.engine.launcher import free_port
+    from coldstart.fsutil import write_results
+    from coldstart.pipeline import hostfacts
+    from coldstart.pipeline.checkpoint import CheckpointOptions, checkpoint
+    from coldstart.pipeline.restore import RestoreOptions, restore
+    from coldstart.warm.snapshot import node_profile
+
+    say = lambda m: typer.echo(m, err=True)  # noqa: E731
+    cache = Path(os.environ.get("COLDSTART_CACHE", "/var/cache/coldstart"))
+    cases = []
+    for size in [s.strip() for s in sizes.split(",") if s.strip()]:
+        model = cache / "models" / f"{size}-seed0"
+        if not (model / "config.json").exists():
+            from coldstart.models.tiny import make_tiny
+
+            make_tiny(model, size=size, seed=0)
+        snap = work / "snapshots" / size
+        if not (snap / "manifest.json").exists():
+            say(f"checkpointing {size} -> {snap}")
+            checkpoint(CheckpointOptions(model=model, out=snap, port=free_port()), say=say)
+        if node_profile(snap) is None or not node_profile(snap).exists():
+            say(f"restoring {size} once, to record its access profile (the push packs in that order)")
+            res = restore(RestoreOptions(snapshot=snap, fallback=False, port=free_port()), say=say)
+            res.stop()
+        cases.append((size, snap))
+    rows = lazy.run_bench(cases, [float(r) for r in rates.split(",") if r], reps, work, say,
+                          methods=tuple(m for m in methods.split(",") if m))
+    h = hostfacts.collect()
+    host = (f"Host: {h.cpu_model}, {os.cpu_count()} cores, kernel {h.kernel} ({socket.gethostname()}). "
+            "CPU-measured; unverified on GPU. Link: veth + tc tbf, no added latency (no netem in this kernel).")
+    command = "coldstart bench lazy " + " ".join(shlex.quote(a) for a in sys.argv[3:])
+    table = lazy.render(rows, host, command)
+    write_results(out, rows, table, command)
+    typer.echo(table)
+
+
+def register(app: typer.Typer, bench: typer.Typer) -> None:
+    bench.command("lazy")(bench_lazy)

@@ -1,0 +1,174 @@
+"""``coldstart bench lazy``: restore → first token on an emulated fresh node, the snapshot in a
+registry behind a shaped link (registry.link: 1 or 10 Gbit/s), by
+
+- ``pull``: `coldstart pull REF DIR`, then `coldstart restore DIR` (everything crosses first);
+- ``lazy``: `coldstart restore REF` with the mount's prefetch off (chunks on first read only);
+- ``lazy+prefetch``: the same with prefetch in first-access order (the default);
+- ``local``: `coldstart restore DIR` of a local copy, page cache warm (the floor).
+
+Each start is timed from the spawn of the first command to its summary line (printed after the
+canary passed), with the node emptied before it: the chunk cache, the node's verification records
+and profiles (a new COLDSTART_NODE_DIR), and the page cache. ``local`` is the steady state of a
+node that has the snapshot (restored once before, not measured). The snapshot is pushed with the
+access profile its checkpoint node recorded (the bench restores it once locally first), so the
+packs are in first-access order. Bytes that crossed the link before the
+first token are read from the node side of the veth. What the snapshot alone needs is bounded by
+bytes ÷ link rate: the table sets each method against that.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+Say = Callable[[str], None]
+METHODS = ("pull", "lazy", "lazy+prefetch", "local")
+
+
+def _rx(dev: str) -> int:
+    return int(Path(f"/sys/class/net/{dev}/statistics/rx_bytes").read_text())
+
+
+def _coldstart(*args: str) -> list[str]:
+    return [sys.executable, "-m", "coldstart.cli", *args]
+
+
+def _stop(summ: dict, mountpoints: list[Path]) -> None:
+    """End the restored server's PID namespace, then unmount (the server maps files of the mount)."""
+    from coldstart.pipeline.bench import _kill_restored
+
+    if int(summ.get("pid") or 0) > 0:
+        _kill_restored(int(summ["pid"]))
+    for mp in mountpoints:
+        subprocess.run(["fusermount3", "-u", "-z", str(mp)], capture_output=True)
+
+
+def one_start(method: str, ref: str, local: Path, work: Path, dev: str | None, env: dict) -> dict:
+    """One start on an emptied node; returns the row (seconds from spawn to first token, bytes over
+    the link before it, the restore's own events)."""
+    from coldstart.criu.bench import drop_caches
+
+    # local: the steady state of a node that has this snapshot (verified before, profile recorded)
+    node = work / ("node-local" if method == "local" else "node")
+    if method != "local":
+        shutil.rmtree(node, ignore_errors=True)
+    shutil.rmtree(work / "lazy-cache", ignore_errors=True)
+    shutil.rmtree(work / "pulled", ignore_errors=True)
+    env = {**env, "COLDSTART_NODE_DIR": str(node), "COLDSTART_LAZY_CACHE": str(work / "lazy-cache"),
+           "COLDSTART_LAZY_PREFETCH": "none" if method == "lazy" else "all"}
+    if method != "local":
+        drop_caches()
+    rx0 = _rx(dev) if dev else 0
+    row: dict = {"method": method}
+    t0 = time.monotonic()
+    env["COLDSTART_T0"] = repr(time.time())  # the restore's timeline counts from here
+    try:
+        if method == "pull":
+            p = subprocess.run(_coldstart("pull", ref, str(work / "pulled")), env=env, capture_output=True,
+                               text=True, timeout=1800)
+            if p.returncode != 0:
+                raise RuntimeError(f"pull failed: {p.stderr.strip()[-300:]}")
+            row["pull_s"] = round(time.monotonic() - t0, 3)
+            target = str(work / "pulled")
+        else:
+            target = ref if method.startswith("lazy") else str(local)
+        # after a pull every chunk was checked against the index (as a mount checks each on read):
+        # the restore's own hashing would count twice
+        extra = ["--verify", "off"] if method == "pull" else []
+        p = subprocess.run(_coldstart("restore", target, "--no-serve", "--no-fallback", *extra), env=env,
+                           capture_output=True, text=True, timeout=900)
+        row["link_bytes"] = (_rx(dev) - rx0) if dev else None  # (a little after the first token)
+        lines = [ln for ln in p.stdout.splitlines() if ln.startswith('{"url"')]
+        summ = json.loads(lines[-1]) if lines else {}
+        from coldstart.state import state_dir
+
+        _stop(summ, list((state_dir() / "mounts").glob("*")) if method.startswith("lazy") else [])
+        if not summ:
+            raise RuntimeError(f"restore exited {p.returncode}: {p.stderr.strip()[-300:]}")
+        # the restore's clock starts at COLDSTART_T0, set just before the first spawn
+        row["first_token_s"] = summ["events"].get("FIRST_TOKEN")
+        row["restored"] = summ.get("restored")
+        row["events"] = summ.get("events")
+    except Exception as e:  # noqa: BLE001 - recorded; the next cell still runs
+        row["error"] = f"{type(e).__name__}: {e}"
+    return row
+
+
+def run_bench(cases: list[tuple[str, Path]], rates: list[float], reps: int, work: Path, say: Say,
+              methods: tuple[str, ...] = METHODS) -> list[dict]:
+    """``cases``: (size, local snapshot dir). One registry per rate, in its own namespace behind the
+    shaped link; every snapshot pushed once per registry (its storage is kept between rates)."""
+    from coldstart.registry import artifact, link, server
+    from coldstart.registry.distribution import Ref, Registry
+
+    rows: list[dict] = []
+    store = work / "registry"
+    for rate in rates:
+        with link.make_link(rate) as L:
+            srv = server.start(store, 5000, host=L.addr, netns=L.netns)
+            try:
+                for size, snap in cases:
+                    if "local" in methods:  # not measured: the local node's first restore (verify, profile)
+                        rows.append({"size": size, "rate_gbit": rate, "method": "local-first",
+                                     **one_start("local", "", snap, work / "node-state", None, dict(os.environ))})
+                    ref = f"http://{L.addr}:5000/snapshots/{size}:bench"
+                    pr = artifact.push(snap, ref)
+                    index, _, _ = artifact.fetch_index(Registry(Ref.parse(ref)))
+                    rows.append({"size": size, "rate_gbit": rate, "method": "artifact", "bytes": index.bytes,
+                                 "chunks": len(index.chunks), "packs": len(index.packs),
+                                 "profiled_bytes": sum(c.size for c in index.chunks[:index.profiled]),
+                                 "push_s": pr.seconds})
+                    say(json.dumps(rows[-1]))
+                    for rep in range(reps):
+                        for method in (methods if rep % 2 == 0 else methods[::-1]):
+                            row = {"size": size, "rate_gbit": rate, "rep": rep,
+                                   **one_start(method, ref, snap, work / "node-state", L.node_if,
+                                               dict(os.environ))}
+                            rows.append(row)
+                            say(json.dumps({k: v for k, v in row.items() if k != "events"}))
+            finally:
+                srv.stop()
+    return rows
+
+
+def render(rows: list[dict], host: str, command: str) -> str:
+    import statistics
+
+    def med(sel: list[dict], key: str = "first_token_s"):
+        v = [r[key] for r in sel if r.get(key) is not None]
+        return statistics.median(v) if v else None
+
+    fmt = lambda x, d=2: "-" if x is None else f"{x:.{d}f}"  # noqa: E731
+    L = ["# Restore → first token on an emulated fresh node (snapshot in a registry behind a shaped link)", "",
+         f"`{command}`", "", host, "",
+         "First token counted from the spawn of the first command (pull or restore); node emptied before "
+         "each start (chunk cache, verification records, profiles, page cache) except `local` (warm page cache). "
+         "Medians; link bytes = bytes received on the node's side of the veth before the first token.", "",
+         "| model | link | artifact (MiB) | pull then restore (s) | lazy (s) | lazy + prefetch (s) | local warm (s) "
+         "| link MiB before first token: pull / lazy / lazy+prefetch | bound (s) | lazy+prefetch / bound "
+         "| pull / lazy+prefetch |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for size in dict.fromkeys(r["size"] for r in rows):
+        for rate in dict.fromkeys(r["rate_gbit"] for r in rows if r["size"] == size):
+            sel = lambda m: [r for r in rows if r["size"] == size and r["rate_gbit"] == rate and r["method"] == m]  # noqa: E731
+            art = next(iter(sel("artifact")), {})
+            t = {m: med(sel(m)) for m in METHODS}
+            b = {m: med(sel(m), "link_bytes") for m in METHODS}
+            need = b["lazy"]  # what a restore fetched with no prefetch: what it needs before its first token
+            bound = max(t["local"] or 0, (need or 0) * 8 / (rate * 1e9)) if need is not None else None
+            lp = t["lazy+prefetch"]
+            L.append(f"| {size} | {rate:g} Gbit/s | {fmt(art.get('bytes', 0) / 2**20, 0)} | {fmt(t['pull'])} | "
+                     f"{fmt(t['lazy'])} | {fmt(lp)} | {fmt(t['local'])} | "
+                     + " / ".join(fmt((b[m] or 0) / 2**20, 0) if b[m] is not None else "-"
+                                  for m in ("pull", "lazy", "lazy+prefetch"))
+                     + f" | {fmt(bound)} | " + (f"**{lp / bound:.2f}x**" if lp and bound else "-")
+                     + " | " + (f"**{t['pull'] / lp:.1f}x**" if lp and t["pull"] else "-") + " |")
+    errs = [r for r in rows if r.get("error")]
+    if errs:
+        L += ["", "Errors:"] + [f"- {r['size']} {r['rate_gbit']:g} Gbit/s {r['method']} rep {r.get('rep')}: "
+                               f"{r['error'][:240]}" for r in errs]
+    return "\n".join(L) + "\n"
