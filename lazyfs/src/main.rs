@@ -71,6 +71,9 @@ struct Args {
     /// Sent as the Authorization header of every registry request
     #[arg(long)]
     auth_header: Option<String>,
+    /// The mount's readahead: what one page fault or sequential read asks for beyond the page it needs
+    #[arg(long, default_value_t = READ_AHEAD_KB)]
+    read_ahead_kb: u32,
 }
 
 #[derive(Clone, Copy, PartialEq, ValueEnum)]
@@ -128,8 +131,8 @@ fn run(args: Args, signals: &libc::sigset_t) -> Result<(), String> {
         .map_err(|e| format!("cannot mount {}: {e}", args.mountpoint.display()))?;
     let mut bg = Some(session.spawn().map_err(|e| format!("cannot start the FUSE session: {e}"))?);
     let mp = args.mountpoint.display();
-    match raise_readahead(&args.mountpoint) {
-        Ok(p) => say!("readahead {READ_AHEAD_KB} KiB ({p})"),
+    match raise_readahead(&args.mountpoint, args.read_ahead_kb) {
+        Ok(p) => say!("readahead {} KiB ({p})", args.read_ahead_kb),
         Err(e) => say!("readahead left as is: {e}"),
     }
     let pack_bytes: u64 = index.packs.iter().map(|p| p.size).sum();
@@ -224,12 +227,12 @@ fn start_prefetch(store: &Arc<Store>, stop: &Arc<AtomicBool>, streams: usize) {
 }
 
 /// Raise the mount's bdi readahead (root only; the kernel's FUSE init cannot raise it).
-fn raise_readahead(mp: &Path) -> Result<String, String> {
+fn raise_readahead(mp: &Path, kb: u32) -> Result<String, String> {
     let dev = std::fs::metadata(mp).map_err(|e| e.to_string())?.dev();
     let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
     let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
     let p = format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb");
-    std::fs::write(&p, READ_AHEAD_KB.to_string()).map_err(|e| format!("{p}: {e}"))?;
+    std::fs::write(&p, kb.to_string()).map_err(|e| format!("{p}: {e}"))?;
     Ok(p)
 }
 

@@ -27,7 +27,6 @@ def bench_lazy(
     from coldstart.fsutil import write_results
     from coldstart.pipeline import hostfacts
     from coldstart.pipeline.checkpoint import CheckpointOptions, checkpoint
-    from coldstart.pipeline.restore import RestoreOptions, restore
     from coldstart.warm.snapshot import node_profile
 
     say = lambda m: typer.echo(m, err=True)  # noqa: E731
@@ -43,11 +42,11 @@ def bench_lazy(
         if not (snap / "manifest.json").exists():
             say(f"checkpointing {size} -> {snap}")
             checkpoint(CheckpointOptions(model=model, out=snap, port=free_port()), say=say)
+        cases.append((size, snap))
+    for size, snap in cases:
         if node_profile(snap) is None or not node_profile(snap).exists():
             say(f"restoring {size} once, to record its access profile (the push packs in that order)")
-            res = restore(RestoreOptions(snapshot=snap, fallback=False, port=free_port()), say=say)
-            res.stop()
-        cases.append((size, snap))
+            lazy.record_profile(snap)
     rows = lazy.run_bench(cases, [float(r) for r in rates.split(",") if r], reps, work, say,
                           methods=tuple(m for m in methods.split(",") if m))
     h = hostfacts.collect()

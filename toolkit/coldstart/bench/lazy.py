@@ -48,6 +48,22 @@ def _stop(summ: dict, mountpoints: list[Path]) -> None:
         subprocess.run(["fusermount3", "-u", "-z", str(mp)], capture_output=True)
 
 
+def record_profile(snap: Path) -> None:
+    """One restore of ``snap`` as its own process, in this node's default state dir, so that the node
+    records its access profile (which push then ships). A process of its own: the recording's
+    threads and files stay out of this one (an in-process restore here left the next checkpoint's
+    server short of file descriptors)."""
+    from coldstart.pipeline.bench import _kill_restored
+
+    p = subprocess.run(_coldstart("restore", str(snap), "--no-serve", "--no-fallback", "--warm-record", "force"),
+                       capture_output=True, text=True, timeout=900)
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith('{"url"')]
+    if lines and int(json.loads(lines[-1]).get("pid") or 0) > 0:
+        _kill_restored(int(json.loads(lines[-1])["pid"]))
+    if p.returncode != 0:
+        raise RuntimeError(f"restore of {snap} to record its profile failed: {p.stderr.strip()[-300:]}")
+
+
 def one_start(method: str, ref: str, local: Path, work: Path, dev: str | None, env: dict) -> dict:
     """One start on an emptied node; returns the row (seconds from spawn to first token, bytes over
     the link before it, the restore's own events)."""
