@@ -189,6 +189,8 @@ class _BackgroundWarm:
 
         self.warmer = None
         self._tl = tl
+        self._lock = threading.Lock()
+        self._cancelled = False
         kw: dict = {}
         if opts is not None:  # only what the options set: the rest follows COLDSTART_WARM_* / defaults
             if opts.warm_mode:
@@ -214,7 +216,12 @@ class _BackgroundWarm:
                 # again would only take CPU from this restore and any beside it
                 self._tl.mark(EventName.WARM_START, files=len(paths), mode="skipped: already in the page cache")
                 return
-            self.warmer = start_warming(paths, **kw)
+            w = start_warming(paths, **kw)
+            with self._lock:
+                self.warmer = w
+                if self._cancelled:  # the restore failed while the warmer was being planned
+                    w.cancel()
+                    return
             plan = getattr(self.warmer, "plan", None)
             self._tl.mark(EventName.WARM_START, files=len(paths), mode=self.warmer.mode,
                           profile=bool(getattr(plan, "profile_used", False)),
@@ -238,8 +245,13 @@ class _BackgroundWarm:
         return self.warmer.wait(timeout) if self.warmer is not None else None
 
     def cancel(self) -> None:
-        if self.warmer is not None:
-            self.warmer.cancel()
+        """Cancel the warm, also one still being planned on the thread: a warmer started after the
+        restore failed would wait for a first token that never comes, holding its files open (a
+        profile with a thousand mapped files: a thousand descriptors per failed restore)."""
+        with self._lock:
+            self._cancelled = True
+            if self.warmer is not None:
+                self.warmer.cancel()
 
 
 def warm_paths(snap: Path, m: Manifest) -> list[Path]:

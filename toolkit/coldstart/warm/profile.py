@@ -464,7 +464,8 @@ def own_files_ranges() -> tuple[list[ProfileRange], dict[str, int]]:
     Python modules (sources and bytecode) and the files it maps (libpython, extension modules). A
     restore's entrypoint reads them before anything else, one small read at a time: after a cold
     start they are seconds of latency that a warmer outside the container can take off. Absolute
-    paths, like the restored server's mapped files."""
+    paths, like the restored server's mapped files. Recorded in containers only
+    (COLDSTART_IN_CONTAINER, the image's environment): on a host nobody warms them ahead."""
     import sys
 
     seen: dict[str, int] = {}

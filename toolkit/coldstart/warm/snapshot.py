@@ -107,7 +107,9 @@ class RecordingWarmer:
         prof = self.recorder.stop()
         if not save:
             return
-        if self.recorder.track_mapped:  # what the entrypoint read before the recorder started
+        # in a container, what the entrypoint itself read before the recorder started: the host
+        # warms those files (through the image's layers) for the next replica's entrypoint
+        if self.recorder.track_mapped and os.environ.get("COLDSTART_IN_CONTAINER") == "1":
             own, sizes = own_files_ranges()
             prof.ranges = own + prof.ranges
             prof.files.update(sizes)
