@@ -111,10 +111,19 @@ def test_chunk_corrupt_in_node_cache_is_refetched(registry, tree, tmp_path):
         m.unmount()
 
 
-def test_registry_gone_mid_read_gives_eio_within_timeout(tree, tmp_path):
+@pytest.fixture
+def own_registry(tree, tmp_path):
+    """A registry of this test's own, the tree pushed to it: the test may stop it (stopped again at
+    teardown, harmlessly). Yields (server, ref)."""
     srv = server.start(tmp_path / "reg", free_port())
-    ref = f"{srv.host}/t/gone:v1"
+    ref = f"{srv.host}/t/own:v1"
     artifact.push(tree, ref, **SMALL)
+    yield srv, ref
+    srv.stop()
+
+
+def test_registry_gone_mid_read_gives_eio_within_timeout(own_registry, tree, tmp_path):
+    srv, ref = own_registry
     m = mount.mount(ref, tmp_path / "mnt", prefetch=False, timeout_s=3)
     try:
         with open(m.mountpoint / "big.bin", "rb", buffering=0) as f:
@@ -126,13 +135,10 @@ def test_registry_gone_mid_read_gives_eio_within_timeout(tree, tmp_path):
             assert e.value.errno == errno.EIO and time.monotonic() - t0 < 20
     finally:
         m.unmount()
-        srv.stop()
 
 
-def test_two_mounts_share_the_node_cache(tree, tmp_path):
-    srv = server.start(tmp_path / "reg", free_port())
-    ref = f"{srv.host}/t/shared:v1"
-    artifact.push(tree, ref, **SMALL)
+def test_two_mounts_share_the_node_cache(own_registry, tree, tmp_path):
+    srv, ref = own_registry
     a = mount.mount(ref, tmp_path / "a", prefetch=True, timeout_s=5)
     try:
         same_tree(tree, a.mountpoint)  # every chunk now in the node cache
@@ -144,7 +150,6 @@ def test_two_mounts_share_the_node_cache(tree, tmp_path):
             b.unmount()
     finally:
         a.unmount()
-        srv.stop()
 
 
 def _chunk_bytes() -> tuple[int, int]:

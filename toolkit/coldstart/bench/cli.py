@@ -25,19 +25,15 @@ def bench_lazy(
     from coldstart.bench import lazy
     from coldstart.engine.launcher import free_port
     from coldstart.fsutil import write_results
+    from coldstart.models.tiny import cached_model
     from coldstart.pipeline import hostfacts
     from coldstart.pipeline.checkpoint import CheckpointOptions, checkpoint
     from coldstart.warm.snapshot import node_profile
 
     say = lambda m: typer.echo(m, err=True)  # noqa: E731
-    cache = Path(os.environ.get("COLDSTART_CACHE", "/var/cache/coldstart"))
     cases = []
     for size in [s.strip() for s in sizes.split(",") if s.strip()]:
-        model = cache / "models" / f"{size}-seed0"
-        if not (model / "config.json").exists():
-            from coldstart.models.tiny import make_tiny
-
-            make_tiny(model, size=size, seed=0)
+        model = cached_model(size)
         snap = work / "snapshots" / size
         if not (snap / "manifest.json").exists():
             say(f"checkpointing {size} -> {snap}")

@@ -118,11 +118,9 @@ def run_bench(c, image: str, cases: list[tuple[str, Path, Path]], *, reps: int, 
     restore+hostwarm runs in cold cells only (with a warm cache it is the plain restore). The order of
     the methods turns around every repetition. Before them, per snapshot, one restore that is the
     first on this node (row "first-on-node")."""
-    import shutil
-
     from coldstart.containers.docker_api import image_layers
     from coldstart.criu.bench import drop_caches
-    from coldstart.state import node_dir
+    from coldstart.pipeline.integrity import NodeRecord
     from coldstart.warm.snapshot import node_profile
 
     layers = image_layers(c, image)
@@ -134,7 +132,7 @@ def run_bench(c, image: str, cases: list[tuple[str, Path, Path]], *, reps: int, 
         # the first restore of a snapshot on a node verifies every file and records the access
         # profile (both kept in the node dir for later replicas): not the steady state, kept apart.
         # The node forgets both first, so that it is the first here.
-        shutil.rmtree(node_dir() / "verified", ignore_errors=True)
+        NodeRecord().forget_all()
         prof = node_profile(snap)
         if prof is not None:
             prof.unlink(missing_ok=True)

@@ -88,10 +88,10 @@ def restore_command(
 ) -> None:
     """Start a container that restores SNAPSHOT (entrypoint `coldstart restore`, least privilege, its own
     network, the port published) and wait for its summary line (restored or fallback, and why)."""
-    import os
     import time
 
     from coldstart.containers import docker_api, image, run
+    from coldstart.registry.mount import as_reference, mount, mount_point_for
 
     c = docker_api.client(host)
     img = image.app_image(c, Path(__file__).resolve().parents[3], say=lambda m: typer.echo(m, err=True))
@@ -99,11 +99,8 @@ def restore_command(
     t0, wall0 = time.monotonic(), time.time()
     env = {"COLDSTART_T0": repr(wall0)}
     snap = Path(snapshot)
-    if not snap.exists() and "/" in snapshot and not snapshot.startswith(("/", ".")):
-        from coldstart.registry.mount import mount
-        from coldstart.state import state_dir
-
-        m = mount(snapshot, state_dir() / "mounts" / f"container-{os.getpid()}")
+    if as_reference(snapshot):
+        m = mount(snapshot, mount_point_for(snapshot, "container-"))
         snap = m.mountpoint
         # every byte read through the mount is checked against its chunk's BLAKE3 digest
         env["COLDSTART_VERIFY"] = "off"
@@ -156,19 +153,15 @@ def bench_container(
     from coldstart.containers import docker_api, image, run
     from coldstart.errors import ColdstartError
     from coldstart.fsutil import write_results
+    from coldstart.models.tiny import cached_model
     from coldstart.pipeline import hostfacts
 
     say = lambda m: typer.echo(m, err=True)  # noqa: E731
     c = docker_api.client(host)
     img = image.app_image(c, Path(__file__).resolve().parents[3], say=say)
-    cache = Path(os.environ.get("COLDSTART_CACHE", "/var/cache/coldstart"))
     cases = []
     for size in [s.strip() for s in sizes.split(",") if s.strip()]:
-        model = cache / "models" / f"{size}-seed0"
-        if not (model / "config.json").exists():
-            from coldstart.models.tiny import make_tiny
-
-            make_tiny(model, size=size, seed=0)
+        model = cached_model(size)
         snap = work / img.tag.replace(":", "-") / size
         if not (snap / "manifest.json").exists():
             say(f"checkpointing {size} in a container -> {snap}")

@@ -16,7 +16,7 @@ def main() -> int:
 
     from coldstart.containers import bench, docker_api, image, run
     from coldstart.errors import ColdstartError
-    from coldstart.models.tiny import make_tiny
+    from coldstart.models.tiny import cached_model
 
     con = Console()
     say = lambda s: con.print("   " + s)  # noqa: E731
@@ -29,10 +29,7 @@ def main() -> int:
     img = image.app_image(c, Path(__file__).resolve().parents[3], say=say)
     say(f"{img.tag} ({'cached' if img.cached else f'built in {img.seconds:.0f} s'})")
 
-    cache = Path(os.environ.get("COLDSTART_CACHE", "/var/cache/coldstart"))
-    model = cache / "models" / "tiny-seed0"
-    if not (model / "config.json").exists():
-        make_tiny(model, size="tiny", seed=0)
+    model = cached_model("tiny")
     snap = Path(os.environ.get("COLDSTART_DEMO_DIR", "/var/tmp/coldstart-demo")) / "container-snapshot"
     shutil.rmtree(snap, ignore_errors=True)
     con.print("[bold]c2/4[/] coldstart checkpoint inside a container (the server runs without capabilities)")

@@ -230,3 +230,10 @@ def _same_model(out_dir: Path, size: str, seed: int) -> bool:
     return meta.get("size") == size and meta.get("seed") == seed and (out_dir / "model.safetensors").exists()
 
 
+def cached_model(size: str = "tiny", seed: int = 0) -> Path:
+    """The machine's copy of a tiny model ($COLDSTART_CACHE/models/<size>-seed<seed>), made on first use:
+    what the demo, the benchmarks and the tests share."""
+    out = Path(os.environ.get("COLDSTART_CACHE", "/var/cache/coldstart")) / "models" / f"{size}-seed{seed}"
+    if not (out / "config.json").exists():
+        make_tiny(out, size=size, seed=seed)
+    return out

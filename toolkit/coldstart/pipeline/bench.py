@@ -22,12 +22,9 @@ from coldstart.pipeline.events import EventName
 
 
 def _model(size: str) -> Path:
-    from coldstart.models.tiny import make_tiny
+    from coldstart.models.tiny import cached_model
 
-    out = Path(os.environ.get("COLDSTART_CACHE", "/var/cache/coldstart")) / "models" / f"{size}-seed0"
-    if not (out / "config.json").exists():
-        make_tiny(out, size=size, seed=0)
-    return out
+    return cached_model(size)
 
 
 def _evict(paths) -> None:
@@ -359,8 +356,8 @@ def bench_artifact(
 
     # (imported here: this module is loaded by the entrypoint's CLI; criu.bench costs it 3.5 ms)
     from coldstart.criu.bench import drop_caches
+    from coldstart.pipeline import integrity
     from coldstart.pipeline.checkpoint import CheckpointOptions, checkpoint
-    from coldstart.state import node_dir
 
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -377,7 +374,7 @@ def bench_artifact(
             for cache in ("warm", "dropped"):
                 for vm, extra in verify_modes.items():
                     if vm == "first-on-node":
-                        shutil.rmtree(node_dir() / "verified", ignore_errors=True)
+                        integrity.NodeRecord().forget_all()
                     if cache == "dropped":
                         drop_caches()
                     else:

@@ -52,16 +52,15 @@ def _snapshot_or_ref(arg: str) -> tuple[str | None, Path]:
     """A directory, or a registry reference and the mount point it will be mounted on (one per
     restore: replicas do not share a mount, they share the node's chunk cache)."""
     import os
-    import re
 
-    if Path(arg).exists() or arg.startswith(("/", ".")) or "/" not in arg:
+    from coldstart.registry.mount import as_reference, mount_point_for
+
+    if as_reference(arg) is None:
         return None, Path(arg)
     from coldstart.pipeline.events import exec_wall_time
-    from coldstart.state import state_dir
 
     os.environ.setdefault("COLDSTART_T0", repr(exec_wall_time()))  # the mount is part of the start
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", arg)[-60:]
-    return arg, state_dir() / "mounts" / f"{name}-{os.getpid()}"
+    return arg, mount_point_for(arg)
 
 
 def restore_cmd(

@@ -133,3 +133,22 @@ def mount(ref: str, mountpoint: Path, *, prefetch: bool | None = None, threads: 
     proc.kill()
     raise ColdstartError(f"{DAEMON} did not mount {mountpoint} within {ready_timeout:.0f} s (log: {log})")
 
+
+def as_reference(arg: str) -> str | None:
+    """``arg`` if it names a registry reference rather than a directory (host[:port]/repo..., not an
+    existing path nor one starting with / or .), else None: how `restore` and `container restore`
+    tell a snapshot directory from a reference."""
+    if Path(arg).exists() or arg.startswith(("/", ".")) or "/" not in arg:
+        return None
+    return arg
+
+
+def mount_point_for(ref: str, tag: str = "") -> Path:
+    """A mount point of its own for one restore of ``ref`` (replicas share the node's chunk cache,
+    not a mount), under the node's state dir."""
+    import re
+
+    from coldstart.state import state_dir
+
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", ref)[-60:]
+    return state_dir() / "mounts" / f"{tag}{name}-{os.getpid()}"
