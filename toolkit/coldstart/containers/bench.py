@@ -99,7 +99,8 @@ def one_start(c, image: str, method: str, model: Path, snap: Path, layers: list[
     finally:
         if warmer is not None:
             st = warmer.wait()
-            row["host_warm"] = {"bytes": getattr(st, "bytes", None), "seconds": getattr(st, "seconds", None)}
+            row["host_warm"] = {"bytes": getattr(st, "bytes", None), "seconds": getattr(st, "seconds", None),
+                                "error": warmer.error}
         ctr.remove(force=True)
     return row
 
