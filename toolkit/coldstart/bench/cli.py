@@ -54,5 +54,33 @@ def bench_lazy(
     typer.echo(table)
 
 
+def bench_mount(
+    size_gib: float = typer.Option(2.0, help="size of the file read (GiB)"),
+    reps: int = typer.Option(3, help="repetitions per state"),
+    random_reads: int = typer.Option(4096, help="4 KiB random reads per random case"),
+    work: Path = typer.Option(Path("/var/tmp/coldstart-bench-mount"), help="file, registry storage, chunk cache"),
+    out: Path = typer.Option(Path("results/lazy-mount"), help="results directory (raw.jsonl, table.md, COMMAND)"),
+) -> None:
+    """Sequential and random read throughput of one large file through the lazy mount (uncached:
+    fetched from a loopback registry; cached: from the node's chunk cache) against the local disk."""
+    import shlex
+    import socket
+    import sys
+
+    from coldstart.bench import mount
+    from coldstart.fsutil import write_results
+    from coldstart.pipeline import hostfacts
+
+    say = lambda m: typer.echo(m, err=True)  # noqa: E731
+    rows = mount.run_bench(work, int(size_gib * 2**30), reps, random_reads, say)
+    h = hostfacts.collect()
+    host = f"Host: {h.cpu_model}, {os.cpu_count()} cores, kernel {h.kernel} ({socket.gethostname()}). CPU-only."
+    command = "coldstart bench mount " + " ".join(shlex.quote(a) for a in sys.argv[3:])
+    table = mount.render(rows, host, command)
+    write_results(out, rows, table, command)
+    typer.echo(table)
+
+
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     bench.command("lazy")(bench_lazy)
+    bench.command("mount")(bench_mount)

@@ -108,7 +108,7 @@ def mount(ref: str, mountpoint: Path, *, prefetch: bool | None = None, threads: 
         raise ColdstartError(f"{mountpoint} is already a mount point")
     logs = cache / "logs"
     logs.mkdir(exist_ok=True)
-    log = logs / f"{mdigest.split(':', 1)[1][:16]}-{os.getpid()}-{int(time.time())}.log"
+    log = logs / f"{mdigest.split(':', 1)[1][:16]}-{os.getpid()}-{time.time_ns()}.log"  # one per mount, even two in a second
     ready = logs / f".ready-{os.getpid()}-{time.monotonic_ns()}"
     argv = [daemon_binary(), "--index", str(idx), "--registry", f"{r.scheme}://{r.host}", "--repo", r.repo,
             "--cache", str(cache), "--cache-max-bytes", str(cache_max_bytes), "--mountpoint", str(mountpoint),
