@@ -20,18 +20,12 @@ STAGES = ("models", "weights", "criu", "warm", "engine", "pipeline", "registry",
           "metrics", "bench")  # bench: the benchmarks that span stages (coldstart.bench)
 
 
-def _stages(argv: list[str]) -> tuple[str, ...]:
-    """`coldstart restore` is the container entrypoint: it registers the pipeline stage alone (the
-    other stages' CLI imports, numpy among them, cost ~0.1 s of every start; -X importtime)."""
-    return ("pipeline",) if len(argv) > 1 and argv[1] == "restore" else STAGES
-
-
 def _register() -> None:
     # Imported lazily per stage so that a stage with heavy imports (torch, vLLM) costs nothing to
     # the others' start-up; each stage module exposes `app` and optionally `register(app, bench)`.
     import importlib
 
-    for stage in _stages(sys.argv):
+    for stage in STAGES:
         try:
             mod = importlib.import_module(f"coldstart.{stage}.cli")
         except ModuleNotFoundError as e:

@@ -35,7 +35,7 @@ def _rx(dev: str) -> int:
 
 
 def _coldstart(*args: str) -> list[str]:
-    return [sys.executable, "-m", "coldstart.cli", *args]
+    return [sys.executable, "-m", "coldstart", *args]
 
 
 def _stop(summ: dict, mountpoints: list[Path]) -> None:

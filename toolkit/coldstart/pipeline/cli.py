@@ -48,93 +48,12 @@ def checkpoint_cmd(
     print(str(Path(out).absolute()))
 
 
-def _snapshot_or_ref(arg: str) -> tuple[str | None, Path]:
-    """A directory, or a registry reference and the mount point it will be mounted on (one per
-    restore: replicas do not share a mount, they share the node's chunk cache)."""
-    import os
+def restore_cmd(ctx: typer.Context) -> None:
+    """Restore a snapshot and serve (the container entrypoint); any failure → cold boot, reason
+    printed. `coldstart restore --help` lists its options."""
+    from coldstart.pipeline.entry import main
 
-    from coldstart.registry.mount import as_reference, mount_point_for
-
-    if as_reference(arg) is None:
-        return None, Path(arg)
-    from coldstart.pipeline.events import exec_wall_time
-
-    os.environ.setdefault("COLDSTART_T0", repr(exec_wall_time()))  # the mount is part of the start
-    return arg, mount_point_for(arg)
-
-
-def restore_cmd(
-    snapshot: str = typer.Argument("/snapshot", help="Snapshot directory (made by `coldstart checkpoint`), or a "
-                                   "registry reference (host[:port]/repo[:tag], pushed by `coldstart push`): mounted "
-                                   "lazily, then restored from the mount."),
-    serve: bool = typer.Option(True, "--serve/--no-serve", help="--no-serve: return once READY, leave the server running."),
-    verify: str = typer.Option("auto", "--verify", envvar="COLDSTART_VERIFY", help="Digests of the snapshot's files, checked before serving: "
-                               "auto (what this node has not verified unchanged before) | full (everything, "
-                               "every time) | off."),
-    no_verify: bool = typer.Option(False, "--no-verify", help="Same as --verify off."),
-    no_warm: bool = typer.Option(False, "--no-warm", help="Do not warm the page cache in the background."),
-    no_fallback: bool = typer.Option(False, "--no-fallback", help="Fail instead of cold-booting."),
-    model: Optional[str] = typer.Option(None, help="Model to cold-boot if the manifest is unreadable."),
-    timeout: float = typer.Option(300.0, help="Seconds to wait for the restored server."),
-    net: str = typer.Option("auto", envvar="COLDSTART_RESTORE_NET",
-                            help="host | private (own netns + forwarder: any number of replicas) | auto (host "
-                            "when the snapshot's port is free here)."),
-    reload_mode: str = typer.Option("auto", help="Weights: map (the snapshot's file mapped over the weight "
-                                    "arena; it must stay in place) | copy | auto (map when the layout matches)."),
-    port: Optional[int] = typer.Option(None, envvar="COLDSTART_PORT",
-                                       help="Host port (private net: the forwarder's; cold boot: vLLM's)."),
-    listen: str = typer.Option("127.0.0.1", envvar="COLDSTART_LISTEN", help="Address the forwarder (private net) or the cold boot listens "
-                               "on: 0.0.0.0 in a container with its own network, so a published port reaches it."),
-    timeline_out: Optional[Path] = typer.Option(None, help="Append the timing events (jsonl) here."),
-    ready_file: Optional[Path] = typer.Option(None, envvar="COLDSTART_READY_FILE",
-                                              help="Write the summary line here once serving (a health check's signal)."),
-    metrics_gateway: Optional[str] = typer.Option(None, help="Push this restore's timing metrics to this Pushgateway URL."),
-    metrics_port: Optional[int] = typer.Option(None, help="Serve /metrics on 127.0.0.1:PORT while the entrypoint serves."),
-    variant: str = typer.Option("default", help="The `variant` label of the metrics."),
-    warm_mode: Optional[str] = typer.Option(None, help="Page-cache warming: native | vmtouch | none "
-                                            "(default: $COLDSTART_WARM_MODE or native)."),
-    warm_method: Optional[str] = typer.Option(None, help="Native warming: pread | populate | willneed."),
-    warm_profile: str = typer.Option("auto", help="Access profile to follow: auto (DIR/profile.json) | off | PATH."),
-    warm_record: str = typer.Option("auto", help="Record an access profile at first token: auto (when none) | off | force."),
-    warm_rest: str = typer.Option("after", help="With a profile, warm what it does not name: after (first token) | now | never."),
-) -> None:
-    """Restore a snapshot and serve (the container entrypoint); any failure → cold boot, reason printed."""
-    from rich.console import Console
-
-    from coldstart.pipeline.restore import RestoreOptions, restore, serve as serve_fn
-
-    ref, snap = _snapshot_or_ref(snapshot)
-    res = restore(RestoreOptions(snapshot=snap, ref=ref, verify="off" if no_verify else verify, warm=not no_warm, fallback=not no_fallback,
-                                 model=model, timeout=timeout, net=net, port=port, listen=listen, reload_mode=reload_mode,
-                                 warm_mode=warm_mode,
-                                 warm_method=warm_method, warm_profile=warm_profile, warm_record=warm_record, warm_rest=warm_rest),
-                  say=_say)
-    Console(stderr=True).print(res.timeline.table())
-    if timeline_out:
-        res.timeline.write_jsonl(timeline_out)
-    if metrics_gateway:
-        from coldstart.metrics.export import push_timeline
-
-        push_timeline(res.timeline, metrics_gateway, variant=variant)
-    if metrics_port and serve:
-        from coldstart.metrics.export import serve_metrics
-
-        serve_metrics(metrics_port, res.timeline, variant=variant)
-    status = "restored" if res.restored else f"cold boot (fallback: {res.fallback_reason})"
-    summary = json.dumps({"url": res.base_url, "pid": res.engine.root_pid, "restored": res.restored,
-                          "fallback_reason": res.fallback_reason, "canary_ok": res.canary_ok,
-                          "events": {e.name: e.t for e in res.timeline.events}})
-    print(summary, flush=True)
-    _say(f"ready: {res.base_url} ({status})")
-    if ready_file:
-        from coldstart.fsutil import write_atomic
-
-        write_atomic(ready_file, summary + "\n")
-    if not serve and getattr(res, "forwarder", None) is not None:
-        _say("warning: --net private forwards through this process; with --no-serve the port closes "
-             "when it exits (the server itself keeps running)")
-    if serve:
-        raise typer.Exit(serve_fn(res))
+    raise typer.Exit(main(list(ctx.args)))
 
 
 def inspect_cmd(snapshot: Path = typer.Argument(...), verify: bool = typer.Option(False, "--verify")) -> None:
@@ -191,7 +110,8 @@ def snapshot_verify(snapshot: Path = typer.Argument(...)) -> None:
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     extra = {"allow_extra_args": True, "ignore_unknown_options": True}
     app.command("checkpoint", context_settings=extra)(checkpoint_cmd)
-    app.command("restore")(restore_cmd)
+    # parsed by pipeline.entry (the entrypoint's light parser), which also answers --help
+    app.command("restore", context_settings=extra, add_help_option=False)(restore_cmd)
     app.command("inspect")(inspect_cmd)
     app.add_typer(snapshot_app, name="snapshot")
     try:

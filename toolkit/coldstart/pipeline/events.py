@@ -20,6 +20,7 @@ class EventName(str, Enum):
     CONTAINER_CREATE = "CONTAINER_CREATE"
     CONTAINER_STARTED = "CONTAINER_STARTED"
     ENTRYPOINT_START = "ENTRYPOINT_START"  # the entrypoint process's exec, from /proc (not from Python)
+    ENTRY_READY = "ENTRY_READY"  # its interpreter up, arguments parsed, the restore imported: its own work starts
     LAZY_MOUNTED = "LAZY_MOUNTED"  # a registry reference mounted lazily (index verified, prefetch started)
     MANIFEST_OK = "MANIFEST_OK"
     WARM_START = "WARM_START"
@@ -46,6 +47,7 @@ class EventName(str, Enum):
 
 # Phases (the intervals plotted and exported as histograms): name -> (start event, end event).
 PHASES: dict[str, tuple[EventName, EventName]] = {
+    "entrypoint": (EventName.ENTRYPOINT_START, EventName.ENTRY_READY),
     "manifest": (EventName.CONTAINER_START, EventName.MANIFEST_OK),
     "criu_restore": (EventName.RESTORE_ISSUED, EventName.RESTORE_DONE),
     "server_up": (EventName.RESTORE_DONE, EventName.SERVER_UP),
@@ -99,6 +101,7 @@ class Timeline:
         tl.mark(EventName.CONTAINER_START if kind != "checkpoint" else EventName.CHECKPOINT_START, at=tl.t0)
         if t0_wall and kind != "checkpoint":
             tl.mark(EventName.ENTRYPOINT_START, at=tl.t0 + max(exec_wall_time() - float(t0_wall), 0.0))
+            tl.mark(EventName.ENTRY_READY)
         return tl
 
     def mark(self, name: EventName | str, at: float | None = None, **attrs: Any) -> Event:

@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coldstart.errors import ColdstartError
-from coldstart.registry.artifact import fetch_index
-from coldstart.registry.distribution import Ref, Registry
 
 DAEMON = "coldstart-lazyfs"
 
@@ -87,6 +85,9 @@ def mount(ref: str, mountpoint: Path, *, prefetch: bool | None = None, threads: 
     in its own session: it outlives the caller until ``unmount``. ``prefetch`` None: on unless
     COLDSTART_LAZY_PREFETCH=none (the restore entrypoint has no flag for it). ``cache_max_bytes``: the
     node cache's bound, kept by this daemon (None: COLDSTART_LAZY_CACHE_MAX_BYTES, unset or 0 = none)."""
+    from coldstart.registry.artifact import fetch_index  # (requests: not on the entrypoint's path)
+    from coldstart.registry.distribution import Ref, Registry
+
     if prefetch is None:
         prefetch = os.environ.get("COLDSTART_LAZY_PREFETCH", "all") != "none"
     if cache_max_bytes is None:
