@@ -11,7 +11,9 @@ def bench_lazy(
     sizes: str = typer.Option("tiny,bench", help="models (made by `coldstart model make-tiny` sizes)"),
     rates: str = typer.Option("1,10", help="link rates in Gbit/s (tc tbf on a veth pair)"),
     reps: int = typer.Option(2, help="repetitions per cell"),
-    methods: str = typer.Option(",".join(("pull", "lazy", "lazy+prefetch", "local")), help="pull | lazy | lazy+prefetch | local"),
+    methods: str = typer.Option("pull,lazy,lazy+prefetch,nydus,local",
+                                help="pull | lazy | lazy+prefetch | nydus (skipped when scripts/setup-nydus has not "
+                                     "built it) | local"),
     work: Path = typer.Option(Path("/var/tmp/coldstart-bench-lazy"), help="snapshots, registry storage, node state"),
     out: Path = typer.Option(Path("results/lazy"), help="results directory (raw.jsonl, table.md, COMMAND)"),
 ) -> None:
@@ -43,8 +45,17 @@ def bench_lazy(
         if node_profile(snap) is None or not node_profile(snap).exists():
             say(f"restoring {size} once, to record its access profile (the push packs in that order)")
             lazy.record_profile(snap)
-    rows = lazy.run_bench(cases, [float(r) for r in rates.split(",") if r], reps, work, say,
-                          methods=tuple(m for m in methods.split(",") if m))
+    chosen = tuple(m for m in methods.split(",") if m)
+    if "nydus" in chosen:
+        from coldstart.errors import ColdstartError
+        from coldstart.registry import nydus
+
+        try:
+            nydus.binary("nydusd")
+        except ColdstartError as e:
+            say(f"skipping nydus: {e}")
+            chosen = tuple(m for m in chosen if m != "nydus")
+    rows = lazy.run_bench(cases, [float(r) for r in rates.split(",") if r], reps, work, say, methods=chosen)
     h = hostfacts.collect()
     host = (f"Host: {h.cpu_model}, {os.cpu_count()} cores, kernel {h.kernel} ({socket.gethostname()}). "
             "CPU-measured; unverified on GPU. Link: veth + tc tbf, no added latency (no netem in this kernel).")

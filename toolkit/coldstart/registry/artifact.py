@@ -184,6 +184,11 @@ def _first_ranges(root: Path) -> list[tuple[str, int, int]]:
     return [(r.file, r.offset, r.length) for r in prof.ranges if not os.path.isabs(r.file)]
 
 
+def profile_files(root: Path) -> list[str]:
+    """The files of the access profile (relative to root), in the order they were first needed."""
+    return list(dict.fromkeys(f for f, _, _ in _first_ranges(root)))
+
+
 def shipped_profile(root: Path) -> dict[str, bytes]:
     """The access profile this node recorded for the snapshot at ``root``, as a ``profile.json`` to
     publish with it (a snapshot is never written after publish, so it is not in the tree): a node
