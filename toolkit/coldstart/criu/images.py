@@ -45,28 +45,34 @@ def _varint(buf: bytes, i: int) -> tuple[int, int]:
         shift += 7
 
 
-def _ints(msg: bytes) -> dict[int, int]:
-    """The varint fields of a protobuf message (last value wins); other wire types are skipped."""
-    out: dict[int, int] = {}
+def fields(msg: bytes) -> dict[int, list]:
+    """Every field of a protobuf message by number, in order: varints as ints, the other wire types
+    as their bytes."""
+    out: dict[int, list] = {}
     i = 0
     while i < len(msg):
         key, i = _varint(msg, i)
         num, wt = key >> 3, key & 7
         if wt == 0:
             v, i = _varint(msg, i)
-            out[num] = v
         elif wt == 2:
             n, i = _varint(msg, i)
-            i += n
-        elif wt == 5:
-            i += 4
-        elif wt == 1:
-            i += 8
+            v, i = msg[i:i + n], i + n
+        elif wt in (1, 5):
+            n = 8 if wt == 1 else 4
+            v, i = msg[i:i + n], i + n
         else:
             raise ValueError(f"unexpected wire type {wt}")
         if i > len(msg):
             raise ValueError("field runs past the end of the entry")
+        out.setdefault(num, []).append(v)
     return out
+
+
+def _ints(msg: bytes) -> dict[int, int]:
+    """The varint fields of a protobuf message (last value wins); other wire types are skipped."""
+    return {num: [v for v in vs if isinstance(v, int)][-1] for num, vs in fields(msg).items()
+            if any(isinstance(v, int) for v in vs)}
 
 
 def _pid_ppid(msg: bytes) -> tuple[int | None, int | None]:
