@@ -191,3 +191,45 @@ def test_fallback_when_the_worker_cannot_get_its_xstate_permission_back(snapshot
     (snap / "manifest.json").write_text(json.dumps(d))
     reason = _fallback(snap, m)
     assert "AMX permission" in reason and "ARCH_REQ_XCOMP_PERM" in reason
+
+
+PROMPTS = ("The capital of France is", "Once upon a time", "def fibonacci(n):", "1, 2, 3, 4,")
+
+
+def test_restored_greedy_output_equals_a_stock_server(snapshot, tiny_model_dir):
+    """Serving parity in answers: the restored server (our worker, weights reloaded then prepacked)
+    and a stock vLLM server (vLLM's own CPU worker) give the same greedy tokens for several prompts,
+    before and after one more sleep(2) → wake → reload cycle; the reload says it prepacked."""
+    from coldstart.engine.launcher import EngineSpec, start_engine
+    from coldstart.pipeline.checkpoint import reload_weights
+
+    import shutil
+    import tempfile
+
+    snap, m = snapshot
+    run_dir = Path(tempfile.mkdtemp(prefix="cs-stock-"))  # short: vLLM's IPC socket paths live in it
+    stock = start_engine(EngineSpec(model=tiny_model_dir, run_dir=run_dir, port=free_port(),
+                                    sleep_mode=False, worker_cls=""))
+    try:
+        stock.wait_ready(900)
+        c = EngineClient(stock.spec.base_url, timeout=300)
+        want = [c.complete(p, max_tokens=32, seed=0).token_ids for p in PROMPTS]
+    finally:
+        stock.stop()
+        shutil.rmtree(run_dir, ignore_errors=True)
+    res = restore(RestoreOptions(snapshot=snap, fallback=False), say=print)
+    try:
+        assert res.restored
+        loaded = next(e for e in res.timeline.events if e.name == "WEIGHTS_LOADED")
+        assert loaded.attrs.get("prepacked_linears", 0) > 0, loaded.attrs
+        assert next(e for e in res.timeline.events if e.name == "FIRST_TOKEN").attrs["pages_mapped_bytes"] > 0
+        c = EngineClient(res.base_url, timeout=300)
+        assert [c.complete(p, max_tokens=32, seed=0).token_ids for p in PROMPTS] == want
+        c.sleep(level=2)
+        c.wake_up(["weights"])
+        r = reload_weights(c, snap, m.weights)[0]
+        c.wake_up(["kv_cache"])
+        assert r.get("prepacked_linears", 0) > 0, r
+        assert [c.complete(p, max_tokens=32, seed=0).token_ids for p in PROMPTS] == want
+    finally:
+        res.stop()

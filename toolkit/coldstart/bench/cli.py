@@ -7,6 +7,23 @@ from pathlib import Path
 import typer
 
 
+def _snapshots(sizes: str, work: Path, say) -> list[tuple[str, Path, Path]]:
+    """(size, model dir, snapshot dir) per model size, checkpointed under ``work`` on first use."""
+    from coldstart.engine.launcher import free_port
+    from coldstart.models.tiny import cached_model
+    from coldstart.pipeline.checkpoint import CheckpointOptions, checkpoint
+
+    cases = []
+    for size in [s.strip() for s in sizes.split(",") if s.strip()]:
+        model = cached_model(size)
+        snap = work / "snapshots" / size
+        if not (snap / "manifest.json").exists():
+            say(f"checkpointing {size} -> {snap}")
+            checkpoint(CheckpointOptions(model=model, out=snap, port=free_port()), say=say)
+        cases.append((size, model, snap))
+    return cases
+
+
 def bench_lazy(
     sizes: str = typer.Option("tiny,bench", help="models (made by `coldstart model make-tiny` sizes)"),
     rates: str = typer.Option("1,10", help="link rates in Gbit/s (tc tbf on a veth pair)"),
@@ -25,22 +42,12 @@ def bench_lazy(
     import sys
 
     from coldstart.bench import lazy
-    from coldstart.engine.launcher import free_port
     from coldstart.fsutil import write_results
-    from coldstart.models.tiny import cached_model
     from coldstart.pipeline import hostfacts
-    from coldstart.pipeline.checkpoint import CheckpointOptions, checkpoint
     from coldstart.warm.snapshot import node_profile
 
     say = lambda m: typer.echo(m, err=True)  # noqa: E731
-    cases = []
-    for size in [s.strip() for s in sizes.split(",") if s.strip()]:
-        model = cached_model(size)
-        snap = work / "snapshots" / size
-        if not (snap / "manifest.json").exists():
-            say(f"checkpointing {size} -> {snap}")
-            checkpoint(CheckpointOptions(model=model, out=snap, port=free_port()), say=say)
-        cases.append((size, snap))
+    cases = [(size, snap) for size, _, snap in _snapshots(sizes, work, say)]
     for size, snap in cases:
         if node_profile(snap) is None or not node_profile(snap).exists():
             say(f"restoring {size} once, to record its access profile (the push packs in that order)")
@@ -92,6 +99,43 @@ def bench_mount(
     typer.echo(table)
 
 
+def bench_serve(
+    sizes: str = typer.Option("tiny,bench", help="models (made by `coldstart model make-tiny` sizes)"),
+    concurrency: str = typer.Option("1,8", help="client concurrencies"),
+    prompts: str = typer.Option("8,32", help="prompts per concurrency (same order)"),
+    pairs: int = typer.Option(2, help="interleaved (stock, restored) pairs"),
+    input_len: int = typer.Option(64, help="random prompt length (tokens)"),
+    output_len: int = typer.Option(128, help="output tokens per request (ignore-eos)"),
+    work: Path = typer.Option(Path("/var/tmp/coldstart-bench-serve"), help="snapshots and raw benchmark output"),
+    out: Path = typer.Option(Path("results/serve"), help="results directory (raw.jsonl, table.md, COMMAND)"),
+) -> None:
+    """Output tokens/s and time per output token of a restored server (and of the same server after
+    one more sleep/wake cycle) against a stock cold-booted vLLM server, with vLLM's own serving
+    benchmark."""
+    import shlex
+    import socket
+    import sys
+
+    from coldstart.bench import serve
+    from coldstart.fsutil import write_results
+    from coldstart.pipeline import hostfacts
+
+    say = lambda m: typer.echo(m, err=True)  # noqa: E731
+    concs = [int(c) for c in concurrency.split(",") if c]
+    counts = [int(n) for n in prompts.split(",") if n]
+    if len(counts) != len(concs):
+        raise typer.BadParameter("--prompts needs one count per --concurrency")
+    cases = _snapshots(sizes, work, say)
+    rows = serve.run_bench(cases, concs, dict(zip(concs, counts)), pairs, input_len, output_len, work / "raw", say)
+    h = hostfacts.collect()
+    host = f"Host: {h.cpu_model}, {os.cpu_count()} cores, kernel {h.kernel} ({socket.gethostname()}), vLLM {h.vllm}."
+    command = "coldstart bench serve " + " ".join(shlex.quote(a) for a in sys.argv[3:])
+    table = serve.render(rows, host, command, input_len, output_len)
+    write_results(out, rows, table, command)
+    typer.echo(table)
+
+
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     bench.command("lazy")(bench_lazy)
     bench.command("mount")(bench_mount)
+    bench.command("serve")(bench_serve)

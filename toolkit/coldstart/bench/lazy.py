@@ -43,10 +43,10 @@ def _coldstart(*args: str) -> list[str]:
 
 def _stop(summ: dict, mountpoints: list[Path]) -> None:
     """End the restored server's PID namespace, then unmount (the server maps files of the mount)."""
-    from coldstart.pipeline.bench import _kill_restored
+    from coldstart.pipeline.bench import kill_restored
 
     if int(summ.get("pid") or 0) > 0:
-        _kill_restored(int(summ["pid"]))
+        kill_restored(int(summ["pid"]))
     for mp in mountpoints:
         subprocess.run(["fusermount3", "-u", "-z", str(mp)], capture_output=True)
 
@@ -56,13 +56,13 @@ def record_profile(snap: Path) -> None:
     records its access profile (which push then ships). A process of its own: the recording's
     threads and files stay out of this one (an in-process restore here left the next checkpoint's
     server short of file descriptors)."""
-    from coldstart.pipeline.bench import _kill_restored
+    from coldstart.pipeline.bench import kill_restored
 
     p = subprocess.run(_coldstart("restore", str(snap), "--no-serve", "--no-fallback", "--warm-record", "force"),
                        capture_output=True, text=True, timeout=900)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith('{"url"')]
     if lines and int(json.loads(lines[-1]).get("pid") or 0) > 0:
-        _kill_restored(int(json.loads(lines[-1])["pid"]))
+        kill_restored(int(json.loads(lines[-1])["pid"]))
     if p.returncode != 0:
         raise RuntimeError(f"restore of {snap} to record its profile failed: {p.stderr.strip()[-300:]}")
 

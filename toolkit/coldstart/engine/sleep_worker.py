@@ -21,11 +21,12 @@ canary in every committed reload run), else maps when the arena exists and the f
 its layout, else copies (the result says why: ``auto_choice`` / ``map_refused``). Set
 ``COLDSTART_WEIGHT_ARENA=0`` to keep vLLM's own allocation (copy only).
 
-One deliberate change to how vLLM runs on CPU, in this worker only: linear layers keep their weight
-as a plain tensor and call ``torch.nn.functional.linear`` instead of a oneDNN/SGL prepacked copy.
-Prepacked copies live in memory owned by C++ handles that can neither be released nor refilled in
-place; with them, sleep would free little and a reload would change nothing. Measured cost is in
-docs/engine.md.
+Linear layers keep their weight as a plain tensor (the one sleep releases and a reload refills in
+place) and, while awake, serve through vLLM's own prepacked oneDNN/SGL handle built from it: the
+handle is built after loading and after every reload (``prepack``: its seconds are in the reload's
+result) and dropped at sleep level 2, before the weights are released. A handle's memory is owned
+by C++ and can be neither released nor refilled in place, so it cannot outlive a sleep; plain
+``F.linear`` on the tensor was up to 1.56× slower per GEMM (docs/engine.md).
 
 Methods callable through POST /collective_rpc (arguments arrive as strings; JSON is decoded):
 ``coldstart_reload(path, mode)``, ``coldstart_dump_weights(out_dir)``, ``coldstart_rss()``,
@@ -35,10 +36,12 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import logging
 import mmap
 import os
 import time
+import weakref
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -55,6 +58,8 @@ PAGE = mmap.PAGESIZE
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _libc.madvise.restype = ctypes.c_int
+_libc.malloc_trim.argtypes = [ctypes.c_size_t]
+_libc.malloc_trim.restype = ctypes.c_int
 
 
 def release_range(addr: int, nbytes: int) -> int:
@@ -125,16 +130,54 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * PAGE
 
 
+def _plain(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.nn.functional.linear(x, weight, bias)
+
+
 def _plain_cpu_linear(layer: torch.nn.Module, remove_weight: bool) -> None:
-    """Replacement for vLLM's CPU GEMM dispatch: keep the weight tensor, use F.linear on it."""
+    """Replacement for vLLM's CPU GEMM dispatch: keep the weight tensor, use F.linear on it until
+    ``prepack_linears`` gives the layer vLLM's own handle."""
     weight = getattr(layer, "weight", None)
     if weight is not None and weight.ndim != 2 and _ORIG_DISPATCH is not None:
         _ORIG_DISPATCH(layer, remove_weight)  # conv/MoE weights: vLLM's own handling
         return
-    layer.cpu_linear = lambda x, weight, bias: torch.nn.functional.linear(x, weight, bias)
+    layer.cpu_linear = _plain
+    if weight is not None and not weight.is_meta:
+        _LINEARS.add(layer)
 
 
 _ORIG_DISPATCH = None
+_LINEARS: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+
+
+def prepack_enabled() -> bool:
+    """COLDSTART_PREPACK=0 serves from F.linear on the plain weights (to measure what the handles buy)."""
+    return os.environ.get("COLDSTART_PREPACK", "1") != "0"
+
+
+def prepack_linears() -> tuple[int, float]:
+    """vLLM's prepacked GEMM handle for every linear layer, from its weight as it is now (vLLM's
+    dispatch with remove_weight=False: the tensor stays, for the next sleep and reload). Returns
+    (layers, seconds)."""
+    t0 = time.perf_counter()
+    n = 0
+    if _ORIG_DISPATCH is not None and prepack_enabled():
+        for layer in list(_LINEARS):
+            _ORIG_DISPATCH(layer, False)
+            n += 1
+    return n, time.perf_counter() - t0
+
+
+def unpack_linears() -> int:
+    """Back to F.linear on the plain weights; the handles (and their copies of the weights) go."""
+    n = 0
+    for layer in list(_LINEARS):
+        if layer.cpu_linear is not _plain:
+            layer.cpu_linear = _plain
+            n += 1
+    gc.collect()
+    _libc.malloc_trim(0)  # what the handles' allocations leave in malloc's free lists
+    return n
 
 
 def keep_plain_linear_weights() -> None:
@@ -214,6 +257,7 @@ class ColdstartRPCMixin:
                         self._cs_arena.release()
                     refused = str(e)
                 else:
+                    out.update(self._cs_prepack())
                     out.update({"seconds_rpc": round(time.perf_counter() - t0, 6), "flat": str(flat)})
                     if auto_choice:
                         out["auto_choice"] = auto_choice
@@ -236,9 +280,9 @@ class ColdstartRPCMixin:
             kw["buffers"] = int(decode_arg(buffers))
         t0 = time.perf_counter()
         stats = load_into(Path(flat), model_tensors(self._cs_model()), **kw)
-        secs = time.perf_counter() - t0
         out = _as_dict(stats)
-        out.update({"seconds_rpc": round(secs, 6), "flat": str(flat), "mode": "copy"})
+        out.update(self._cs_prepack())
+        out.update({"seconds_rpc": round(time.perf_counter() - t0, 6), "flat": str(flat), "mode": "copy"})
         if refused:
             out["map_refused"] = refused
         if auto_choice:
@@ -262,7 +306,13 @@ class ColdstartRPCMixin:
             kwargs["is_checkpoint_format"] = bool(decode_arg(kwargs["is_checkpoint_format"]))
         t0 = time.perf_counter()
         super().reload_weights(*args, **kwargs)  # type: ignore[misc]
-        return {"seconds_rpc": round(time.perf_counter() - t0, 6)}
+        out = self._cs_prepack()
+        out["seconds_rpc"] = round(time.perf_counter() - t0, 6)
+        return out
+
+    def _cs_prepack(self) -> dict:
+        n, secs = prepack_linears()
+        return {"prepacked_linears": n, "prepack_s": round(secs, 6)}
 
     @torch.inference_mode()
     def coldstart_dump_weights(self, out_dir: str) -> dict:
@@ -331,6 +381,8 @@ class SleepCPUWorker(ColdstartRPCMixin, CPUWorker):
             a = self._cs_arena
             log.info("coldstart: weights moved into one %d-byte arena (%d tensors, %d left in place: %s) in %.3f s",
                      a.size, len(a.spans), len(a.left_in_place()), a.left_in_place()[:5], time.perf_counter() - t0)
+        n, secs = prepack_linears()  # after the move: a handle copies the weight from where it is
+        log.info("coldstart: %d linear layers prepacked in %.3f s", n, secs)
 
     # --- sleep / wake (same contract as vLLM's GPU worker)
     @torch.inference_mode()
@@ -341,7 +393,9 @@ class SleepCPUWorker(ColdstartRPCMixin, CPUWorker):
         kv_total, kv_rel = release_tensors(self._cs_kv_tensors())
         self._cs_sleeping.add("kv_cache")
         w_total = w_rel = 0
+        unpacked = 0
         if level >= 2:
+            unpacked = unpack_linears()  # before the weights they were built from go
             model = self._cs_model()
             # like vLLM's GPU worker: buffers (rotary caches...) are not in a checkpoint; keep a copy
             self._cs_saved_buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
@@ -356,7 +410,7 @@ class SleepCPUWorker(ColdstartRPCMixin, CPUWorker):
             w_rel += r2
             self._cs_sleeping.add("weights")
         self._cs_last = {"op": "sleep", "level": level, "kv_bytes": kv_total, "kv_released": kv_rel,
-                         "weights_bytes": w_total, "weights_released": w_rel,
+                         "weights_bytes": w_total, "weights_released": w_rel, "unpacked_linears": unpacked,
                          "rss_before": rss0, "rss_after": rss_bytes(),
                          "seconds": round(time.perf_counter() - t0, 6)}
         log.info("coldstart sleep(%d): %s", level, self._cs_last)

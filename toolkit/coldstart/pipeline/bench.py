@@ -292,7 +292,7 @@ def restore_table(rows: list[dict], note: str = "") -> str:
     return "\n".join(lines + phase_lines + ([""] + [note] if note else [])) + "\n"
 
 
-def _kill_restored(pid: int, timeout: float = 30.0) -> None:
+def kill_restored(pid: int, timeout: float = 30.0) -> None:
     """End a restored server's whole PID namespace: SIGKILL its init (CRIU, the root's parent); the
     kernel kills everything in it (killing the root alone leaves EngineCore and the worker behind).
     Waits until the root is gone."""
@@ -339,7 +339,7 @@ def restore_from_exec(snap: Path, extra: list[str] | None = None, port: int | No
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
     info = json.loads(lines[-1]) if lines else {}
     if info.get("pid"):
-        _kill_restored(int(info["pid"]))
+        kill_restored(int(info["pid"]))
     ft = ev.get("FIRST_TOKEN")
     phases = {k: round(ev[b.value]["t"] - ev[a.value]["t"], 6) for k, (a, b) in PHASES.items()
               if a.value in ev and b.value in ev}

@@ -297,7 +297,8 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) -
             if bad:
                 raise RestoreFailed(bad) from e
             raise
-        tl.mark(EventName.FIRST_TOKEN)
+        ft = tl.mark(EventName.FIRST_TOKEN)
+        ft.attrs["pages_mapped_bytes"] = pages_mapped_bytes(eng.root_pid)  # (measured after the mark)
         tl.mark(EventName.READY, url=base_url, pid=eng.root_pid)
         undo.pop_all()  # from here on the result owns the server
     if warmer is not None:
@@ -553,7 +554,8 @@ def _wake_and_reload(client, snap: Path, m: Manifest, opts: RestoreOptions, tl: 
     r0 = res[0] if res and isinstance(res[0], dict) else {}
     tl.mark(EventName.WEIGHTS_LOADED, bytes=nbytes, gib_s=round(nbytes / 2**30 / dt, 3) if dt else 0,
             mode=r0.get("mode", "stock"),
-            **{k: r0[k] for k in ("auto_choice", "map_refused", "o_direct") if r0.get(k)})
+            **{k: r0[k] for k in ("auto_choice", "map_refused", "o_direct", "prepack_s", "prepacked_linears")
+               if r0.get(k)})
     client.wake_up(["kv_cache"])
     tl.mark(EventName.WAKE_KV)
 
@@ -590,6 +592,35 @@ def _host_root(launcher_pid: int, settle: float = 5.0) -> int:
         if time.monotonic() > deadline:
             return 0
         time.sleep(0.02)
+
+
+def pages_mapped_bytes(root_pid: int) -> int | None:
+    """Bytes of the snapshot's CRIU pages the restored tree has mapped in (present in its page tables,
+    from /proc/PID/smaps): what the restore needed of its memory image so far, whether the page
+    cache held it or the disk (or a lazy mount) had to give it. None when the tree cannot be read."""
+    import re
+
+    import psutil
+
+    pat = re.compile(r"/pages-\d+\.img( \(deleted\))?$")
+    total = 0
+    try:
+        procs = [psutil.Process(root_pid)]
+        procs += procs[0].children(recursive=True)
+    except psutil.Error:
+        return None
+    for p in procs:
+        try:
+            with open(f"/proc/{p.pid}/smaps") as f:
+                ours = False
+                for line in f:
+                    if line[0] in "0123456789abcdef" and "-" in line.split(" ", 1)[0]:
+                        ours = bool(pat.search(line.rstrip("\n")))
+                    elif ours and line.startswith("Rss:"):
+                        total += int(line.split()[1]) * 1024
+        except OSError:
+            continue
+    return total
 
 
 def _finish_warm(warmer, tl: Timeline) -> None:
