@@ -224,7 +224,8 @@ def bench_restore(
                             say=lambda s: print(s, file=sys.stderr, flush=True))
         rows.append({"bench": "restore-vs-cold", "model": size, "method": "checkpoint", "rep": 0,
                      "first_token_s": None, "events": [e.__dict__ for e in ctl.events],
-                     "snapshot_bytes": sum(f.size for f in m.files.values())})
+                     "snapshot_bytes": sum(f.size for f in m.files.values()),
+                     "pages_bytes": sum(f.size for k, f in m.files.items() if k.startswith("criu/pages-"))})
         for rep in range(reps):
             for method in ("cold", "restore"):
                 if method == "cold":
@@ -265,6 +266,10 @@ def restore_table(rows: list[dict], note: str = "") -> str:
              "restore's first token comes only after the canary passed; the cold start's is a 1-token completion.", "",
              "| model | cold start (s) | restore from exec (s) | speed-up | runs | target ≥ 20× | restore in-process (s) "
              "| exec overhead (s) |", "|---|---|---|---|---|---|---|---|"]
+    pages_lines = ["", "The snapshot's CRIU pages the restored processes had mapped in at the first token "
+                   "(FIRST_TOKEN's pages_mapped_bytes, from their smaps), against all of them (medians):", "",
+                   "| model | snapshot (MiB) | CRIU pages (MiB) | pages mapped before first token (MiB) | share |",
+                   "|---|---|---|---|---|"]
     phase_lines = ["", "Restore phases (medians, s):", "",
                    "| model | entrypoint | manifest | criu_restore | server_up | wake_weights | weights_load | wake_kv | canary |",
                    "|---|---|---|---|---|---|---|---|---|"]
@@ -289,7 +294,16 @@ def restore_table(rows: list[dict], note: str = "") -> str:
                   and r["phases"].get(k) is not None]
             ph[k] = f"{statistics.median(xs):.3f}" if xs else "-"
         phase_lines.append(f"| {size} | " + " | ".join(ph.values()) + " |")
-    return "\n".join(lines + phase_lines + ([""] + [note] if note else [])) + "\n"
+        ck = next((r for r in rows if r["model"] == size and r["method"] == "checkpoint"), {})
+        mapped = [e["attrs"]["pages_mapped_bytes"] for r in rows if r["model"] == size and r["method"] == "restore"
+                  for e in r.get("events") or [] if e.get("name") == "FIRST_TOKEN"
+                  and (e.get("attrs") or {}).get("pages_mapped_bytes")]
+        if mapped and ck.get("pages_bytes"):
+            mm = statistics.median(mapped)
+            pages_lines.append(f"| {size} | {ck['snapshot_bytes'] / 2**20:.0f} | {ck['pages_bytes'] / 2**20:.0f} | "
+                               f"{mm / 2**20:.0f} | {mm / ck['pages_bytes']:.0%} |")
+    extra = pages_lines if len(pages_lines) > 5 else []
+    return "\n".join(lines + phase_lines + extra + ([""] + [note] if note else [])) + "\n"
 
 
 def kill_restored(pid: int, timeout: float = 30.0) -> None:

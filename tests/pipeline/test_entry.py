@@ -1,0 +1,32 @@
+"""`coldstart restore`, the container entrypoint, as a process: its own light parser, nothing heavy
+imported before the restore starts, one clear line for a bad snapshot."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+COLDSTART = str(Path(sys.executable).with_name("coldstart"))
+
+
+def test_restore_imports_neither_the_cli_nor_http_nor_tables(tmp_path):
+    p = subprocess.run([sys.executable, "-X", "importtime", "-m", "coldstart", "restore", str(tmp_path / "missing"),
+                        "--no-fallback", "--no-serve"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1
+    errors = [ln for ln in p.stderr.splitlines() if not ln.startswith("import time:")]
+    assert errors == [f"error: snapshot directory {tmp_path / 'missing'} does not exist"], errors
+    imported = {ln.split("|")[-1].strip() for ln in p.stderr.splitlines() if ln.startswith("import time:")}
+    assert "coldstart.pipeline.restore" in imported
+    for heavy in ("typer", "pydantic", "rich", "requests", "torch", "vllm", "importlib.metadata"):
+        assert heavy not in imported, heavy
+
+
+def test_console_script_and_typer_cli_both_reach_the_entrypoint(tmp_path):
+    h = subprocess.run([COLDSTART, "restore", "--help"], capture_output=True, text=True, timeout=120)
+    assert h.returncode == 0 and "--no-fallback" in h.stdout and "COLDSTART_VERIFY" in h.stdout
+    # the typer CLI's `restore` forwards to the same parser (python -m coldstart.cli restore ...)
+    p = subprocess.run([sys.executable, "-m", "coldstart.cli", "restore", str(tmp_path / "gone"), "--no-fallback"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and p.stderr.strip() == f"error: snapshot directory {tmp_path / 'gone'} does not exist"
+    bad = subprocess.run([COLDSTART, "restore", "--verify", "sometimes"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "invalid choice: 'sometimes'" in bad.stderr
