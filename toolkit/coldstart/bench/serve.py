@@ -102,7 +102,7 @@ def run_bench(cases: list[tuple[str, Path, Path]], concurrencies: list[int], pro
                         extra = {}
                     else:
                         pid, url, events = _restore(snap)
-                        extra = {"weights_loaded": {k: v for k, v in events.items() if k == "WEIGHTS_LOADED"}}
+                        extra = {"restore_events": events}  # seconds from the entrypoint's exec
                     up = round(time.monotonic() - t0, 2)
                     stages = [kind] if kind == "stock" else ["restored", "restored+cycle"]
                     for stage in stages:
@@ -184,13 +184,24 @@ def render(rows: list[dict], host: str, command: str, input_len: int, output_len
     if same:
         L += ["", "Greedy answers (4 prompts × 32 tokens) identical to the stock server's of the same pair: "
               + "; ".join(f"{sz} {srv}: {'yes' if v == {True} else 'NO'}" for (sz, srv), v in same.items()) + "."]
-    prep = [r["weights_loaded"].get("WEIGHTS_LOADED") for r in rows if r.get("weights_loaded")]
     cyc = [r["cycle"].get("prepack_s") for r in rows if r.get("cycle", {}).get("prepack_s") is not None]
     if cyc:
         L += ["", f"Prepacking the linear layers after a reload (part of every restore and wake): median "
               f"{statistics.median(cyc):.3f} s (from the cycles' reload results)."]
-    if prep:
-        L += [f"Restore timelines: WEIGHTS_LOADED at {', '.join(f'{x:.3f}' for x in prep if x is not None)} s."]
+    for size in dict.fromkeys(r["size"] for r in rows):
+        ev = list({r["pair"]: r["restore_events"] for r in rows if r.get("size") == size
+                   and r.get("restore_events")}.values())
+        if ev and all("ENTRY_READY" in e and "FIRST_TOKEN" in e for e in ev):
+            L.append(f"{size}: restore → first token {statistics.median(e['FIRST_TOKEN'] for e in ev):.2f} s from the "
+                     f"entrypoint's exec, {statistics.median(e['FIRST_TOKEN'] - e['ENTRY_READY'] for e in ev):.2f} s "
+                     f"from ENTRY_READY (interpreter up, restore imported: "
+                     f"{statistics.median(e['ENTRY_READY'] for e in ev):.3f} s after exec).")
+        up = {k: statistics.median(v) for k in ("stock", "restored")
+              if (v := list({(r["pair"]): r["up_s"] for r in rows if r.get("size") == size
+                             and r.get("server") == k and r.get("up_s") is not None}.values()))}
+        if len(up) == 2:
+            L.append(f"{size}: server up in {up['restored']:.2f} s restored (spawn → summary line) vs "
+                     f"{up['stock']:.2f} s for the stock cold boot.")
     errs = [r for r in rows if r.get("error")]
     if errs:
         L += ["", "Errors:"] + [f"- {r['size']} {r['server']} pair {r['pair']}: {r['error'][:300]}" for r in errs]
