@@ -103,7 +103,7 @@ def bench_serve(
     sizes: str = typer.Option("tiny,bench", help="models (made by `coldstart model make-tiny` sizes)"),
     concurrency: str = typer.Option("1,8", help="client concurrencies"),
     prompts: str = typer.Option("8,32", help="prompts per concurrency (same order)"),
-    pairs: int = typer.Option(2, help="interleaved (stock, restored) pairs"),
+    rounds: int = typer.Option(3, help="back-to-back (stock, restored) rounds per phase"),
     input_len: int = typer.Option(64, help="random prompt length (tokens)"),
     output_len: int = typer.Option(128, help="output tokens per request (ignore-eos)"),
     work: Path = typer.Option(Path("/var/tmp/coldstart-bench-serve"), help="snapshots and raw benchmark output"),
@@ -126,7 +126,7 @@ def bench_serve(
     if len(counts) != len(concs):
         raise typer.BadParameter("--prompts needs one count per --concurrency")
     cases = _snapshots(sizes, work, say)
-    rows = serve.run_bench(cases, concs, dict(zip(concs, counts)), pairs, input_len, output_len, work / "raw", say)
+    rows = serve.run_bench(cases, concs, dict(zip(concs, counts)), rounds, input_len, output_len, work / "raw", say)
     h = hostfacts.collect()
     host = f"Host: {h.cpu_model}, {os.cpu_count()} cores, kernel {h.kernel} ({socket.gethostname()}), vLLM {h.vllm}."
     command = "coldstart bench serve " + " ".join(shlex.quote(a) for a in sys.argv[3:])

