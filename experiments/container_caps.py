@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from coldstart.containers import docker_api, run
-from coldstart.containers.bench import wait_port_closed
+from coldstart.bench.containers import wait_port_closed
 
 DOCKER_DEFAULT = ["CHOWN", "DAC_OVERRIDE", "FSETID", "FOWNER", "MKNOD", "NET_RAW", "SETGID", "SETUID", "SETFCAP",
                   "SETPCAP", "NET_BIND_SERVICE", "SYS_CHROOT", "KILL", "AUDIT_WRITE"]

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from coldstart.containers import docker_api, run
-from coldstart.containers.bench import wait_port_closed
+from coldstart.bench.containers import wait_port_closed
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKER_DEFAULT = ["CHOWN", "DAC_OVERRIDE", "FSETID", "FOWNER", "MKNOD", "NET_RAW", "SETGID", "SETUID", "SETFCAP",

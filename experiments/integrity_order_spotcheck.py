@@ -9,8 +9,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from coldstart.criu.bench import drop_caches
-from coldstart.pipeline.bench import restore_from_exec
+from coldstart.bench.criu import drop_caches
+from coldstart.bench.pipeline import restore_from_exec
 
 snap, reps = Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 4
 rows = []

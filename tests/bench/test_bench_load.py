@@ -12,7 +12,7 @@ import typer
 from typer.testing import CliRunner
 
 from coldstart.errors import ColdstartError
-from coldstart.weights import bench
+from coldstart.bench import weights as bench
 
 REQUIRED = {"schema", "run_id", "rep", "order", "method", "config", "params", "cache", "evict", "resident_before",
             "bytes", "seconds", "gib_s", "dest", "bit_exact", "loadavg1", "files", "host"}

@@ -1,7 +1,7 @@
 """The container benchmark's table from its records (no daemon needed)."""
 from __future__ import annotations
 
-from coldstart.containers.bench import render
+from coldstart.bench.containers import render
 
 
 def test_table_gives_medians_restored_counts_speed_up_and_the_warming_bound():

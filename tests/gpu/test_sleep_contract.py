@@ -72,7 +72,7 @@ def test_driver_checkpoint_api_round_trip(tmp_path):
     """A process holding 64 MiB: lock + checkpoint frees its device memory, restore + unlock gives
     it back with the same contents (the holder checks its own digests)."""
     from coldstart.engine import cuda_checkpoint as driver
-    from coldstart.gpu.bench import Holder
+    from coldstart.bench.gpu import Holder
 
     h = Holder(64 * MiB, tmp_path / "holder")
     try:
@@ -93,7 +93,7 @@ def test_cuda_checkpoint_command_line(tmp_path):
     import subprocess
     import sys
 
-    from coldstart.gpu.bench import Holder, _env
+    from coldstart.bench.gpu import Holder, _env
 
     h = Holder(16 * MiB, tmp_path / "holder")
     try:
@@ -128,7 +128,7 @@ def test_gpu_tools_fall_back_to_our_cuda_checkpoint(tmp_path, monkeypatch):
     import subprocess
 
     from coldstart.engine.gpu import GpuCheckpointTools
-    from coldstart.gpu.bench import Holder
+    from coldstart.bench.gpu import Holder
 
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     (tmp_path / "plugins").mkdir()

@@ -295,7 +295,7 @@ def test_cli_warm_status_and_errors(warm_dir, tmp_path):
 
 @retry_on_external_drop
 def test_bench_warm_writes_results(warm_dir, tmp_path):
-    from coldstart.warm.bench import run_warm_bench
+    from coldstart.bench.warm import run_warm_bench
 
     rows = run_warm_bench(files=[warm_dir / "criu" / "pages-1.img"], size_gib=0, runs=1, out=tmp_path,
                           modes=["native", "vmtouch"], echo=lambda s: None)

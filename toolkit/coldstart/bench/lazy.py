@@ -43,7 +43,7 @@ def _coldstart(*args: str) -> list[str]:
 
 def _stop(summ: dict, mountpoints: list[Path]) -> None:
     """End the restored server's PID namespace, then unmount (the server maps files of the mount)."""
-    from coldstart.pipeline.bench import kill_restored
+    from coldstart.bench.pipeline import kill_restored
 
     if int(summ.get("pid") or 0) > 0:
         kill_restored(int(summ["pid"]))
@@ -56,7 +56,7 @@ def record_profile(snap: Path) -> None:
     records its access profile (which push then ships). A process of its own: the recording's
     threads and files stay out of this one (an in-process restore here left the next checkpoint's
     server short of file descriptors)."""
-    from coldstart.pipeline.bench import kill_restored
+    from coldstart.bench.pipeline import kill_restored
 
     p = subprocess.run(_coldstart("restore", str(snap), "--no-serve", "--no-fallback", "--warm-record", "force"),
                        capture_output=True, text=True, timeout=900)
@@ -71,7 +71,7 @@ def one_start(method: str, ref: str, local: Path, work: Path, dev: str | None, e
               nydus_boot: str = "") -> dict:
     """One start on an emptied node; returns the row (seconds from spawn to first token, bytes over
     the link before it, the restore's own events)."""
-    from coldstart.criu.bench import drop_caches
+    from coldstart.bench.criu import drop_caches
 
     # local: the steady state of a node that has this snapshot (verified before, profile recorded)
     node = work / ("node-local" if method == "local" else "node")

@@ -95,7 +95,7 @@ def run_bench(cases: list[tuple[str, Path, Path]], concurrencies: list[int], pro
     rounds measure stock and restored back to back in alternating order, every concurrency on each:
     every restored figure has a stock figure taken minutes from it, and the ratios are paired."""
     from coldstart.engine.launcher import free_port
-    from coldstart.pipeline.bench import kill_restored
+    from coldstart.bench.pipeline import kill_restored
 
     rows: list[dict] = []
     work.mkdir(parents=True, exist_ok=True)

@@ -64,7 +64,7 @@ def _serve_container(ctr, port: int, t0: float, warmer=None) -> None:
     import json as _json
     import time
 
-    from coldstart.containers.bench import summary
+    from coldstart.bench.containers import summary
 
     summ = summary(ctr, time.monotonic() + 900)
     if warmer is not None:
@@ -123,7 +123,7 @@ def run_cold_command(
     import time
 
     from coldstart.containers import docker_api, image, run
-    from coldstart.containers.bench import first_completion
+    from coldstart.bench.containers import first_completion
 
     c = docker_api.client(host)
     img = image.app_image(c, Path(__file__).resolve().parents[3], say=lambda m: typer.echo(m, err=True))
@@ -149,7 +149,7 @@ def bench_container(
     import shlex
     import sys
 
-    from coldstart.containers import bench as cbench
+    from coldstart.bench import containers as cbench
     from coldstart.containers import docker_api, image, run
     from coldstart.errors import ColdstartError
     from coldstart.fsutil import write_results

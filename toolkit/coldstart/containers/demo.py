@@ -14,7 +14,8 @@ def main() -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from coldstart.containers import bench, docker_api, image, run
+    from coldstart.bench import containers as bench
+    from coldstart.containers import docker_api, image, run
     from coldstart.errors import ColdstartError
     from coldstart.models.tiny import cached_model
 

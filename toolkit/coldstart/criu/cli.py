@@ -85,7 +85,7 @@ def bench_criu_command(
     """Stock vs mmap restore: time to running, and restore + read every page (interleaved runs)."""
     import sys
 
-    from coldstart.criu.bench import BenchConfig, run_bench
+    from coldstart.bench.criu import BenchConfig, run_bench
 
     cfg = BenchConfig(sizes_gib=[float(x) for x in sizes.split(",") if x], runs=runs,
                       modes=[m for m in modes.split(",") if m], out_dir=out, work_dir=work, mmap_min_kb=min_kb,

@@ -452,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
     work = a.work
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True, exist_ok=True)
-    from coldstart.gpu import bench
+    from coldstart.bench import gpu as bench
 
     try:
         if "tests" in stages:

@@ -115,7 +115,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     app.command("inspect")(inspect_cmd)
     app.add_typer(snapshot_app, name="snapshot")
     try:
-        from coldstart.pipeline import bench as _bench  # noqa: F401
+        from coldstart.bench import pipeline as _bench  # noqa: F401
     except ImportError:
         return
     _bench.register(bench)

@@ -157,7 +157,7 @@ def bench_warm(
     modes: str = typer.Option("vmtouch,native,native-willneed,native-1thread", help="comma-separated"),
 ) -> None:
     """Cold -> fully resident time per warming mode, device bytes read, device sequential bandwidth."""
-    from coldstart.warm.bench import run_warm_bench
+    from coldstart.bench.warm import run_warm_bench
 
     run_warm_bench(files=files or None, size_gib=size_gib, runs=runs, out=out,
                    modes=[m.strip() for m in modes.split(",") if m.strip()], echo=print)
@@ -173,7 +173,7 @@ def bench_warm_restore(
 ) -> None:
     """Issue 5: restore -> first token per warming mode (none, vmtouch, native, native+profile,
     loader O_DIRECT), cold (page cache dropped) and warm, with device bytes read and bandwidth."""
-    from coldstart.warm.bench import run_issue5_bench
+    from coldstart.bench.warm import run_issue5_bench
 
     run_issue5_bench(size=size, runs=runs, out=out, work=work, snapshot=snapshot, drop=drop, echo=print)
 

@@ -1,4 +1,4 @@
-"""`coldstart weights dump|load|verify` (and `coldstart bench load` when weights/bench.py exists)."""
+"""`coldstart weights dump|load|verify` (and `coldstart bench load`, from bench/weights.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -123,9 +123,6 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     sub.command("load")(load_command)
     sub.command("verify")(verify_command)
     app.add_typer(sub, name="weights")
-    import importlib.util
+    from coldstart.bench.weights import bench_load_command
 
-    if importlib.util.find_spec("coldstart.weights.bench") is not None:  # written by the benchmark owner
-        from coldstart.weights.bench import bench_load_command
-
-        bench.command("load")(bench_load_command)
+    bench.command("load")(bench_load_command)

@@ -84,7 +84,7 @@ def buffered_bandwidth(path: Path) -> dict:
     """The device's sequential read bandwidth through the page cache (fio, buffered, 2 jobs on
     disjoint halves, 1 MiB reads, the kernel's readahead): on this virtual disk the best a
     sequential reader gets, about twice O_DIRECT with one job. ``path`` must be evicted first."""
-    from coldstart.weights.bench import fio_run
+    from coldstart.bench.weights import fio_run
 
     if shutil.which("fio") is None:
         raise ColdstartError("fio not found (apt-get install fio): cannot measure the device bandwidth")

@@ -71,7 +71,7 @@ def one_start(c, image: str, method: str, model: Path, snap: Path, layers: list[
     the image's layer dirs, docker_api.image_layers, looked up before the clock starts)."""
     from coldstart.containers import run
     from coldstart.engine.launcher import free_port
-    from coldstart.warm.bench import block_device, device_read_bytes
+    from coldstart.bench.warm import block_device, device_read_bytes
 
     dev = block_device(snap)
     port = free_port()
@@ -107,7 +107,7 @@ def one_start(c, image: str, method: str, model: Path, snap: Path, layers: list[
 
 def disk_bandwidth(snap: Path) -> dict:
     """The disk's sequential read bandwidth, on the snapshot's largest file (evicted before each read)."""
-    from coldstart.warm.bench import best_bandwidth
+    from coldstart.bench.warm import best_bandwidth
 
     big = max((p for p in snap.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
     return {"file": big.name, **best_bandwidth(big)}
@@ -120,7 +120,7 @@ def run_bench(c, image: str, cases: list[tuple[str, Path, Path]], *, reps: int, 
     the methods turns around every repetition. Before them, per snapshot, one restore that is the
     first on this node (row "first-on-node")."""
     from coldstart.containers.docker_api import image_layers
-    from coldstart.criu.bench import drop_caches
+    from coldstart.bench.criu import drop_caches
     from coldstart.pipeline.integrity import NodeRecord
     from coldstart.warm.snapshot import node_profile
 

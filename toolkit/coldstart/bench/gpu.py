@@ -56,7 +56,7 @@ def resident(path: Path) -> float:
 def _cache(path: Path, cache: str) -> float:
     """Put ``path`` in the asked page-cache state; returns the sampled resident fraction."""
     if cache == "cold":
-        from coldstart.criu.bench import drop_caches
+        from coldstart.bench.criu import drop_caches
 
         drop_caches()
     else:
@@ -474,7 +474,7 @@ def criu_cuda_bench(work: Path, criu: Path, *, gib: float = 1.0, plugin_dir: Pat
             except subprocess.TimeoutExpired:
                 pass
             if mode == "driver_cold":
-                from coldstart.criu.bench import drop_caches
+                from coldstart.bench.criu import drop_caches
 
                 drop_caches()
             row["images_resident"] = resident(max((wd / "images").glob("pages-*.img"), key=lambda f: f.stat().st_size))

@@ -130,7 +130,7 @@ def bench_reload(
 
     from coldstart.engine.client import EngineClient
     from coldstart.engine.launcher import EngineSpec, start_engine
-    from coldstart.weights.bench import fio_run, resident_fraction
+    from coldstart.bench.weights import fio_run, resident_fraction
 
     model = _model(size)
     shutil.rmtree(work, ignore_errors=True)
@@ -381,7 +381,7 @@ def bench_artifact(
     import subprocess
 
     # (imported here: this module is loaded by the entrypoint's CLI; criu.bench costs it 3.5 ms)
-    from coldstart.criu.bench import drop_caches
+    from coldstart.bench.criu import drop_caches
     from coldstart.pipeline import integrity
     from coldstart.pipeline.checkpoint import CheckpointOptions, checkpoint
 

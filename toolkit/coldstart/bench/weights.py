@@ -410,7 +410,7 @@ class IsolatedRun:
 
     def start(self) -> None:
         self.err = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen([sys.executable, "-c", "from coldstart.weights.bench import _child_main; _child_main()"],
+        self.proc = subprocess.Popen([sys.executable, "-c", "from coldstart.bench.weights import _child_main; _child_main()"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err, text=True)
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps(self.spec) + "\n")
