@@ -233,3 +233,23 @@ def test_restored_greedy_output_equals_a_stock_server(snapshot, tiny_model_dir):
         assert [c.complete(p, max_tokens=32, seed=0).token_ids for p in PROMPTS] == want
     finally:
         res.stop()
+
+
+def test_restored_worker_threads_are_bound_like_at_checkpoint(snapshot):
+    """CRIU does not keep CPU masks; vLLM binds its CPU worker's threads (one core kept for the API
+    server and EngineCore). The checkpoint records the masks and the restore sets them again."""
+    from coldstart.pipeline import affinity
+
+    snap, m = snapshot
+    if not m.affinity:
+        pytest.skip("vLLM bound no thread at checkpoint (a 1-CPU host, or VLLM_CPU_OMP_THREADS_BIND=nobind)")
+    res = restore(RestoreOptions(snapshot=snap, fallback=False), say=print)
+    try:
+        assert res.restored
+        done = next(e for e in res.timeline.events if e.name == "RESTORE_DONE").attrs
+        assert done["threads_bound"] > 0 and "unbound" not in done, done
+        now = {str(ns): affinity.format_cpus(cpus) for _t, ns, cpus in affinity.threads(res.engine.pids())
+               if str(ns) in m.affinity}
+        assert now and all(now[ns] == m.affinity[ns] for ns in now), (now, m.affinity)
+    finally:
+        res.stop()

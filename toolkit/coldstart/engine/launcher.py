@@ -267,6 +267,21 @@ class EngineProcess:
                 pass
         return found
 
+    def release_watchdog(self) -> None:
+        """Dismiss the tree watchdog once the tree is gone (dumped or stopped): closing its pipe
+        alone would make it kill whatever mount namespace has the dead one's inode number by then."""
+        if self._watchdog is not None:
+            try:
+                self._watchdog.write("release\n")
+                self._watchdog.flush()
+            except OSError:
+                pass
+            try:
+                self._watchdog.close()
+            except OSError:
+                pass
+            self._watchdog = None
+
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM the tree, SIGKILL what is left after ``timeout``; reap; remove its /dev/shm files."""
         import psutil
@@ -299,9 +314,7 @@ class EngineProcess:
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
-        if self._watchdog is not None:
-            self._watchdog.close()
-            self._watchdog = None
+        self.release_watchdog()
         for p in shm:
             try:
                 p.unlink()
@@ -403,8 +416,10 @@ def start_engine(spec: EngineSpec, new_pidns: bool = True, log_mode: str = "w") 
     return eng
 
 
-# Kills every process of one mount namespace once its stdin reaches EOF (its starter died or let go).
-_WATCHDOG = """read _ ; for p in /proc/[0-9]*; do
+# Kills every process of one mount namespace once its stdin reaches EOF (its starter died or let go);
+# exits quietly on a "release" line (the tree is gone: a later kill could hit a new namespace that
+# reuses the dead one's inode number, e.g. a restore's).
+_WATCHDOG = """read cmd; [ "$cmd" = release ] && exit 0; for p in /proc/[0-9]*; do
   [ "$(readlink "$p/ns/mnt" 2>/dev/null)" = "$1" ] && kill -9 "${p#/proc/}" 2>/dev/null
 done; exit 0"""
 

@@ -27,7 +27,7 @@ from coldstart.criu import server as _criu
 from coldstart.errors import ColdstartError
 from coldstart.fsutil import fsync_dir, fsync_tree
 from coldstart.pipeline import canary as canary_mod
-from coldstart.pipeline import hostfacts
+from coldstart.pipeline import affinity, hostfacts
 from coldstart.pipeline.events import EventName, Timeline
 from coldstart.pipeline.integrity import NodeRecord
 from coldstart.pipeline.manifest import (ENGINE_RUN_DIR, MANIFEST_NAME, Manifest, code_digest, inventory,
@@ -203,6 +203,7 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
         shm_modes = {p.name: p.stat().st_mode & 0o7777 for p in shm_files if p.exists()}
         run_files = _open_under(pids, ENGINE_RUN_DIR)
         server_caps = caps.held_by_tree(pids)
+        cpu_masks = affinity.record(pids)  # CRIU does not keep them (pipeline/affinity.py)
         if opts.server_caps == "none" and server_caps:  # setpriv cannot drop the bounding set without SETPCAP
             raise ColdstartError("--server-caps none: the server still holds " + ", ".join(f"CAP_{n}" for n in server_caps)
                                  + " (dropping them needs CAP_SETPCAP in the checkpoint's container)")
@@ -216,6 +217,7 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
             _criu.dump(criu, eng.root_pid, staging / "criu", staging / "checkpoint-logs")
             if eng.popen is not None:
                 eng.popen.wait(timeout=30)
+            eng.release_watchdog()  # the dumped tree is gone; its namespace's inode may be reused
             tl.mark(EventName.CRIU_DUMPED)
             # What the restore must put back: vLLM's /dev/shm buffers (mapped, not in the image) and
             # CRIU's link_remap files (stand-ins for deleted files such as sem.*).
@@ -246,7 +248,7 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
             port=opts.port, host_addr=spec.host, run_dir=ENGINE_RUN_DIR, criu_variant=opts.criu_variant,
             device=device, asleep=sleep, pids=pids, weights=weights, shm_files=[p.name for p in shm_files],
             shm_modes=shm_modes, log_sizes=log_sizes, run_files=run_files, server_caps=server_caps,
-            xcomp_perm=xcomp_perm, coldstart_code=code_digest(),
+            xcomp_perm=xcomp_perm, affinity=cpu_masks, coldstart_code=code_digest(),
             created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         )
         m.timings = {e.name: e.t for e in tl.events}

@@ -80,6 +80,9 @@ class Manifest:
     server_caps: list[str] | None = None
     # the worker's x86 xstate permission mask at dump (AMX: stock CRIU drops it; None = unknown)
     xcomp_perm: int | None = None
+    # {thread ID in the server's PID namespace: CPU list} of threads bound to fewer than all CPUs at
+    # dump (vLLM's worker): CRIU does not restore CPU masks, the restore sets them (pipeline/affinity.py)
+    affinity: dict[str, str] = field(default_factory=dict)
     # xxh3_128 of coldstart's own Python sources at checkpoint: the restored worker runs *that* code
     # (it is in the CRIU image), whatever coldstart is installed at restore time ("" = not recorded)
     coldstart_code: str = ""

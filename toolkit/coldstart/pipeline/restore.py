@@ -32,7 +32,7 @@ from coldstart.criu import server as _criu
 from coldstart.criu.restore import alive
 from coldstart.engine.launcher import client_host, free_port
 from coldstart.errors import ColdstartError
-from coldstart.pipeline import hostfacts, integrity
+from coldstart.pipeline import affinity, hostfacts, integrity
 from coldstart.pipeline.canary import check as check_canary
 from coldstart.pipeline.checkpoint import port_free, reload_weights
 from coldstart.pipeline.events import EventName, Timeline
@@ -488,7 +488,9 @@ def _criu_wait(popen: subprocess.Popen, snap: Path, m: Manifest, st: RestoreStat
         popen.kill()
         popen.wait()
         raise RestoreFailed("criu restored no process tree (nothing under criu in the new PID namespace)")
-    tl.mark(EventName.RESTORE_DONE, pid=root_pid)
+    # CRIU does not carry CPU masks: bind vLLM's worker threads again before any forward pass
+    bound, unbound_why = affinity.apply(_tree(root_pid), m.affinity)
+    tl.mark(EventName.RESTORE_DONE, pid=root_pid, threads_bound=bound, **({"unbound": unbound_why} if unbound_why else {}))
     write_owner(st.dir, snap, server_pid=root_pid)
     spec = EngineSpec(model=Path(m.model), run_dir=st.dir / "run-upper", port=m.port, host=m.host_addr,
                       sleep_mode=m.asleep or bool(m.weights), extra_args=list(m.engine_args), device=m.device,
@@ -569,6 +571,16 @@ def _canary(client, m: Manifest, tl: Timeline, checks: _Checks) -> str:
         raise RestoreFailed(bad)
     tl.mark(EventName.CANARY_OK, kind=m.canary.kind)
     return text
+
+
+def _tree(root_pid: int) -> list[int]:
+    """Host PIDs of the restored tree: the root and its descendants."""
+    import psutil
+
+    try:
+        return [root_pid] + [c.pid for c in psutil.Process(root_pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
 
 
 def _host_root(launcher_pid: int, settle: float = 5.0) -> int:
