@@ -201,6 +201,27 @@ def test_non_contiguous_destination(flat, src):
     assert torch.equal(base.t(), src["torch.float32.3"])
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to narrow a thread to one")
+def test_readers_spread_past_a_one_core_caller(flat, src):
+    """A caller bound to one core (vLLM's worker) still gets readers on every CPU it may use; with
+    spread=False the readers keep the caller's mask."""
+    got: dict = {}
+
+    def bound_caller(spread: bool) -> None:
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+        dest = _fresh(src)
+        st = load_into(flat, dest, chunk_bytes=64 * KIB, threads=4, spread=spread)
+        got[spread] = (st.reader_cpus, all(torch.equal(dest[k], v) for k, v in src.items()))
+
+    for spread in (True, False):
+        t = threading.Thread(target=bound_caller, args=(spread,))
+        t.start()
+        t.join()
+    mine = loader_mod._cpus(os.sched_getaffinity(0))
+    assert got[True] == (f"{min(os.sched_getaffinity(0))} -> {mine}", True)
+    assert got[False] == ("", True)
+
+
 def test_plan_respects_digest_chunks():
     idx_entries = [type("E", (), {"offset": 0, "nbytes": 100 * KIB})(), type("E", (), {"offset": 104 * KIB, "nbytes": 10})()]
     pieces = plan_pieces(idx_entries, 40 * KIB, digest_chunk=16 * KIB, verify=True)

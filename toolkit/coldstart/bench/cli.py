@@ -104,6 +104,10 @@ def bench_serve(
     concurrency: str = typer.Option("1,8", help="client concurrencies"),
     prompts: str = typer.Option("8,32", help="prompts per concurrency (same order)"),
     rounds: int = typer.Option(3, help="back-to-back (stock, restored) rounds per phase"),
+    phases: str = typer.Option("restored,restored+cycle,restored+copy",
+                               help="restored server phases to measure: restored (as restored), restored+cycle "
+                                    "(after one more sleep/wake/reload), restored+copy (after a cycle that copies the "
+                                    "weights into anonymous memory)"),
     input_len: int = typer.Option(64, help="random prompt length (tokens)"),
     output_len: int = typer.Option(128, help="output tokens per request (ignore-eos)"),
     work: Path = typer.Option(Path("/var/tmp/coldstart-bench-serve"), help="snapshots and raw benchmark output"),
@@ -125,8 +129,13 @@ def bench_serve(
     counts = [int(n) for n in prompts.split(",") if n]
     if len(counts) != len(concs):
         raise typer.BadParameter("--prompts needs one count per --concurrency")
+    chosen = tuple(p.strip() for p in phases.split(",") if p.strip())
+    bad = set(chosen) - set(serve.SERVERS[1:])
+    if bad or not chosen:
+        raise typer.BadParameter(f"--phases: choose from {', '.join(serve.SERVERS[1:])}")
     cases = _snapshots(sizes, work, say)
-    rows = serve.run_bench(cases, concs, dict(zip(concs, counts)), rounds, input_len, output_len, work / "raw", say)
+    rows = serve.run_bench(cases, concs, dict(zip(concs, counts)), rounds, input_len, output_len, work / "raw", say,
+                           phases=chosen)
     h = hostfacts.collect()
     host = f"Host: {h.cpu_model}, {os.cpu_count()} cores, kernel {h.kernel} ({socket.gethostname()}), vLLM {h.vllm}."
     command = "coldstart bench serve " + " ".join(shlex.quote(a) for a in sys.argv[3:])

@@ -58,17 +58,21 @@ def _host_line() -> str:
 
 
 METHODS = ("stock", "copy", "map", "auto")  # auto: what `coldstart restore` uses (map if cached, else copy)
+# ours: the worker's coldstart_reload arguments of each method (copy: the loader chooses O_DIRECT or not)
+RELOAD_KW = {"copy": {"mode": "copy"}, "map": {"mode": "map"}, "auto": {"mode": "auto"},
+             "copy-odirect": {"mode": "copy", "direct": True}, "copy-buffered": {"mode": "copy", "direct": False}}
+ALL_RELOAD_METHODS = ("stock", *RELOAD_KW)
 
 
-def reload_table(rows: list[dict], size: str) -> list[str]:
+def reload_table(rows: list[dict], size: str, methods: tuple[str, ...] = METHODS) -> list[str]:
     """table.md of the reload benchmark: per cache state and method, the reload step alone and the
     reload plus the first forward passes (the canary), each against vLLM's stock reload."""
     lines = [f"# Weight reload step alone: vLLM `reload_weights` vs coldstart ({size} model)", "",
              _host_line(), "",
              "Each run: sleep level 2 → wake weights → (evict or pre-read the source file) → reload "
              "(timed inside the worker) → wake KV → 8-token canary check (timed too). Variants interleaved in "
-             "one run. **copy** = our parallel loader reads the flat file into the weights (O_DIRECT when the "
-             "file is cold); **map** = the flat file is mmap'ed (MAP_PRIVATE|MAP_FIXED) over the weight arena "
+             "one run. **copy** = our parallel loader reads the flat file into the weights (O_DIRECT or the page "
+             "cache as the loader chooses; **copy-odirect** / **copy-buffered** force one); **map** = the flat file is mmap'ed (MAP_PRIVATE|MAP_FIXED) over the weight arena "
              "and populated with MADV_POPULATE_READ in 4 threads: \"done\" means every page is mapped and "
              "resident (no copy; a later write would copy-on-write one page); **auto** = the default "
              "(`coldstart restore` uses it): copy when under 10 % of the file is cached, else map.", "",
@@ -76,12 +80,12 @@ def reload_table(rows: list[dict], size: str) -> list[str]:
              "speed-up incl. canary | runs | canary ok | auto chose |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for cache in ("warm", "cold"):
-        sel = {m: [r for r in rows if r["cache"] == cache and r["method"] == m] for m in METHODS}
+        sel = {m: [r for r in rows if r["cache"] == cache and r["method"] == m] for m in methods}
         if not sel["stock"]:
             continue
         st = statistics.median([r["seconds"] for r in sel["stock"]])
         st2 = statistics.median([r["seconds"] + r["canary_s"] for r in sel["stock"]])
-        for m in METHODS:
+        for m in methods:
             if not sel[m]:
                 continue
             sec = statistics.median([r["seconds"] for r in sel[m]])
@@ -123,6 +127,8 @@ def bench_reload(
     reps: int = typer.Option(5, help="Runs per (method, cache state); medians reported."),
     out: Path = typer.Option(Path("results/reload"), help="Results directory."),
     work: Path = typer.Option(Path("/var/tmp/coldstart-bench-reload"), help="Scratch dir (the flat dump)."),
+    methods: str = typer.Option(",".join(METHODS), help="comma list of: " + ",".join(ALL_RELOAD_METHODS)
+                                + " (copy-odirect / copy-buffered: a copy reload forced to O_DIRECT / the page cache)"),
 ) -> None:
     """Weight reload step alone: vLLM's stock reload_weights vs ours (copy through the loader, and the
     flat file mapped over the weight arena), warm and cold page cache."""
@@ -132,6 +138,9 @@ def bench_reload(
     from coldstart.engine.launcher import EngineSpec, start_engine
     from coldstart.bench.weights import fio_run, resident_fraction
 
+    chosen = tuple(m.strip() for m in methods.split(",") if m.strip())
+    if not chosen or set(chosen) - set(ALL_RELOAD_METHODS) or "stock" not in chosen:
+        raise typer.BadParameter(f"--methods: stock and any of {', '.join(RELOAD_KW)}")
     model = _model(size)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -146,15 +155,15 @@ def bench_reload(
         c.collective_rpc("coldstart_dump_weights", kwargs={"out_dir": str(flat_dir)})
         flat_files = [flat_dir / "weights.flat"]
         st_files = sorted(model.glob("*.safetensors"))
-        nbytes = {m: flat_files[0].stat().st_size for m in METHODS}
+        nbytes = {m: flat_files[0].stat().st_size for m in chosen}
         nbytes["stock"] = sum(p.stat().st_size for p in st_files)
         for rep in range(reps):
             for cache in ("warm", "cold"):
-                for method in METHODS:
+                for method in chosen:
                     files = st_files if method == "stock" else flat_files
                     c.sleep(level=2)
                     c.wake_up(["weights"])
-                    if cache == "cold" and method == METHODS[0]:
+                    if cache == "cold" and method == chosen[0]:
                         # the device's own limit, in the same run, while no process maps the flat file
                         # (sleep level 2 unmapped it; a mapped page cannot be evicted): the faster of the
                         # two fio shapes that won `coldstart bench load`'s grid on our two hosts
@@ -177,7 +186,7 @@ def bench_reload(
                     if method == "stock":
                         res = c.collective_rpc("reload_weights")
                     else:
-                        res = c.collective_rpc("coldstart_reload", kwargs={"path": str(flat_dir), "mode": method})
+                        res = c.collective_rpc("coldstart_reload", kwargs={"path": str(flat_dir), **RELOAD_KW[method]})
                     wall = time.perf_counter() - t
                     c.wake_up(["kv_cache"])
                     r0 = res[0] if res and isinstance(res[0], dict) else {}
@@ -191,12 +200,12 @@ def bench_reload(
                            "bytes": nbytes[method], "canary_ok": ok, "canary_s": round(canary_s, 6),
                            "detail": {k: v for k, v in r0.items() if k in (
                                "mode", "map_s", "populate_s", "copied_tensors", "threads", "read_s", "o_direct",
-                               "direct_choice", "auto_choice")}}
+                               "direct_choice", "auto_choice", "reader_cpus")}}
                     rows.append(row)
                     print(json.dumps(row), file=sys.stderr, flush=True)
     finally:
         eng.stop()
-    lines = reload_table(rows, size)
+    lines = reload_table(rows, size, chosen)
     _write(out, rows, "\n".join(lines) + "\n", ["coldstart", "bench", "reload", *sys.argv[3:]])
     print("\n".join(lines))
 

@@ -88,12 +88,14 @@ def _cycle(url: str, snap: Path, mode: str | None = None) -> dict:
 
 
 def run_bench(cases: list[tuple[str, Path, Path]], concurrencies: list[int], prompts: dict[int, int], rounds: int,
-              input_len: int, output_len: int, work: Path, say: Say) -> list[dict]:
+              input_len: int, output_len: int, work: Path, say: Say,
+              phases: tuple[str, ...] = SERVERS[1:]) -> list[dict]:
     """``cases``: (size, model dir, snapshot dir). One stock server stays up for the whole size; one
     restored server goes through three phases (as restored; after a cycle; after a cycle that copies
     the weights into anonymous memory, as the stock server holds them). In each phase, ``rounds``
     rounds measure stock and restored back to back in alternating order, every concurrency on each:
-    every restored figure has a stock figure taken minutes from it, and the ratios are paired."""
+    every restored figure has a stock figure taken minutes from it, and the ratios are paired.
+    ``phases``: a subset of the three, run in their fixed order (each cycle starts from the last)."""
     from coldstart.engine.launcher import free_port
     from coldstart.bench.pipeline import kill_restored
 
@@ -110,12 +112,12 @@ def run_bench(cases: list[tuple[str, Path, Path]], concurrencies: list[int], pro
             info = {"stock": {"up_s": stock_up, "greedy": _greedy(stock_url)},
                     "restored": {"up_s": round(time.monotonic() - t0, 2), "restore_events": events}}
             say(json.dumps({"size": size, "stock_up_s": stock_up, "restored_up_s": info["restored"]["up_s"]}))
-            for phase in SERVERS[1:]:
+            for phase in [p for p in SERVERS[1:] if p in phases]:
                 if phase != "restored":
                     t1 = time.monotonic()
                     cyc = _cycle(url, snap, mode=PHASE_MODE[phase])
                     info[phase] = {"cycle": cyc, "cycle_s": round(time.monotonic() - t1, 3)}
-                info[phase]["greedy"] = _greedy(url)
+                info.setdefault(phase, {})["greedy"] = _greedy(url)
                 for rnd in range(rounds):
                     for kind in (("stock", phase) if rnd % 2 == 0 else (phase, "stock")):
                         u = stock_url if kind == "stock" else url

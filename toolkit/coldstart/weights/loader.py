@@ -70,6 +70,7 @@ class LoadStats:
     read_bytes: int = 0  # largest blocking read of data not yet cached (0: whole pieces)
     fadvise: str = ""  # the hint given on each reader's fd ("" = none)
     direct_choice: str = ""  # "auto: N% cached -> O_DIRECT|buffered", or "" when the caller chose
+    reader_cpus: str = ""  # "0 -> 0-1": the readers ran on more CPUs than the calling thread's mask
 
     def as_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -320,7 +321,7 @@ def _read_direct_steps(fd: int, views: list, offset: int, what: Callable[[], str
 class _Loader:
     def __init__(self, index: FlatIndex, pairs, *, threads: int, chunk_bytes: int, buffers: int | None, verify: bool,
                  direct: bool, progress: Progress | None, mode: str, layout: str = "ranges",
-                 read_bytes: int = 0, fadvise: str | None = None, prefetch_bytes: int = 0):
+                 read_bytes: int = 0, fadvise: str | None = None, prefetch_bytes: int = 0, spread: bool = True):
         import torch
 
         self.torch = torch
@@ -377,12 +378,34 @@ class _Loader:
             raise ColdstartError(f"unknown fadvise {fadvise!r} (sequential or none)")
         self.fadvise = fadvise
         self.prefetch_bytes = max(0, prefetch_bytes)
+        self.spread = spread
+        self.reader_cpus = ""
         self.tls = threading.local()
         self.views = [_bytes_view(t) for t in self.targets]  # torch uint8 views
         self.np_views = [v.numpy() if self.device == "cpu" else None for v in self.views]
 
     # -- shared helpers
+    def _spread(self) -> None:
+        """Let this reader thread run on every CPU the process may use. A thread inherits its
+        creator's mask, and vLLM binds its CPU worker to one core: eight readers started there shared
+        it, and a buffered read is a memcpy on the reader's CPU (docs/weights.md, "Reader CPUs")."""
+        if not self.spread or not hasattr(os, "sched_setaffinity"):
+            return
+        try:
+            mine = os.sched_getaffinity(0)
+            want = set(range(os.cpu_count() or 1))  # the kernel keeps only what the cpuset allows
+            if want <= mine:
+                return
+            os.sched_setaffinity(0, want)
+            now = os.sched_getaffinity(0)
+        except OSError:
+            return
+        if now != mine and not self.reader_cpus:
+            with self.lock:
+                self.reader_cpus = f"{_cpus(mine)} -> {_cpus(now)}"
+
     def _open(self) -> int:
+        self._spread()
         flags = os.O_RDONLY
         if self.o_direct:
             try:
@@ -761,6 +784,7 @@ def load_into(
     read_bytes: int = 1 << 20,
     fadvise: str | None = "sequential",
     prefetch_bytes: int = 0,
+    spread: bool = True,
 ) -> LoadStats:
     """Load a flat dump (its directory or weights.flat) into ``dest`` in place.
 
@@ -779,7 +803,8 @@ def load_into(
     ``chunk_bytes``; a piece the page cache holds is read with one call, the rest in blocking
     reads of ``read_bytes`` (0: the whole piece at once); ``fadvise="sequential"`` on each reader's
     file descriptor (None: no hint); ``prefetch_bytes`` > 0 also asks for that many bytes ahead of
-    each reader with POSIX_FADV_WILLNEED.
+    each reader with POSIX_FADV_WILLNEED. ``spread``: reader threads may run on every CPU the
+    process's cpuset allows, whatever mask the calling thread has (vLLM binds its worker to one core).
     """
     t_start = time.perf_counter()
     if threads is not None and threads <= 0:
@@ -802,7 +827,7 @@ def load_into(
         dev = g[0][1].device.type if g else "cpu"
         parts.append(_load_group(index, g, threads=threads or default_threads(dev), chunk_bytes=chunk_bytes, buffers=buffers, verify=verify,
                                  direct=direct, progress=prog, mode=mode, layout=layout, read_bytes=read_bytes,
-                                 fadvise=fadvise, prefetch_bytes=prefetch_bytes))
+                                 fadvise=fadvise, prefetch_bytes=prefetch_bytes, spread=spread))
         base += parts[-1].bytes
     st = parts[0]
     if len(parts) > 1:
@@ -883,8 +908,21 @@ def _load_group(index: FlatIndex, pairs, **kw) -> LoadStats:
         buffers=ld.nbuffers if ld.mode == "staged" else 0, verify=kw["verify"], o_direct=ld.o_direct,
         phases={"plan": round(t_plan - t_start, 6), "io": round(t_io - t_plan, 6), "finalize": round(t_end - t_io, 6)},
         read_s=ld.read_s, copy_s=ld.copy_s, verify_s=ld.verify_s, wait_s=ld.wait_s, alloc_s=ld.alloc_s, notes=ld.notes,
-        layout=ld.layout, read_bytes=ld.read_bytes, fadvise=ld.fadvise or "",
+        layout=ld.layout, read_bytes=ld.read_bytes, fadvise=ld.fadvise or "", reader_cpus=ld.reader_cpus,
     )
+
+
+def _cpus(cpus: set[int]) -> str:
+    """{0, 1, 2, 5} -> "0-2,5" (the kernel's cpulist form)."""
+    out, run = [], []
+    for c in sorted(cpus):
+        if run and c != run[-1] + 1:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+            run = []
+        run.append(c)
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
 
 
 def alloc_like_index(index: FlatIndex | Path | str, device: str = "cpu") -> dict[str, Any]:
