@@ -276,8 +276,12 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="write the per-process figures here")
     args = ap.parse_args()
     # file names print relative to the venv: the output is committed, this machine's paths are not
-    venv = str(Path(sys.prefix))
-    redact = lambda text: text.replace(venv, "<venv>").replace(sys.base_prefix, "<python>")  # noqa: E731
+    venvs = sorted({str(Path(sys.prefix)), str(Path(sys.prefix).resolve())}, key=len, reverse=True)  # .venv is a link
+
+    def redact(text: str) -> str:
+        for v in venvs:
+            text = text.replace(v, "<venv>")
+        return text.replace(sys.base_prefix, "<python>")
     out_stream = sys.stdout
     sys.stdout = type("Redacted", (), {"write": lambda self, t: out_stream.write(redact(t)),
                                        "flush": lambda self: out_stream.flush()})()
