@@ -30,3 +30,14 @@ def test_console_script_and_typer_cli_both_reach_the_entrypoint(tmp_path):
     assert p.returncode == 1 and p.stderr.strip() == f"error: snapshot directory {tmp_path / 'gone'} does not exist"
     bad = subprocess.run([COLDSTART, "restore", "--verify", "sometimes"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "invalid choice: 'sometimes'" in bad.stderr
+
+
+def test_clock_started_by_the_entrypoint_itself_puts_its_exec_at_zero(monkeypatch):
+    """No COLDSTART_T0 from outside: the entrypoint sets it to its own exec time, and ENTRYPOINT_START
+    must then be exactly 0 (two readings of the exec time differed by a microsecond)."""
+    from coldstart.pipeline.events import Timeline, exec_wall_time
+
+    for _ in range(50):
+        monkeypatch.setenv("COLDSTART_T0", repr(exec_wall_time()))
+        ev = {e.name: e.t for e in Timeline.from_container_start("restore").events}
+        assert ev["ENTRYPOINT_START"] == 0 and ev["ENTRY_READY"] >= 0, ev

@@ -100,7 +100,10 @@ class Timeline:
             tl.wall0 = float(t0_wall)
         tl.mark(EventName.CONTAINER_START if kind != "checkpoint" else EventName.CHECKPOINT_START, at=tl.t0)
         if t0_wall and kind != "checkpoint":
-            tl.mark(EventName.ENTRYPOINT_START, at=tl.t0 + max(exec_wall_time() - float(t0_wall), 0.0))
+            # the exec time has the kernel tick's resolution (10 ms): rounded to the millisecond, so
+            # that two readings of it (COLDSTART_T0 set by the entrypoint itself) give exactly 0
+            since = round(exec_wall_time() - float(t0_wall), 3)
+            tl.mark(EventName.ENTRYPOINT_START, at=tl.t0 + max(since, 0.0))
             tl.mark(EventName.ENTRY_READY)
         return tl
 
