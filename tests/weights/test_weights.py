@@ -235,7 +235,9 @@ def test_readers_spread_past_a_one_core_caller(flat, src):
         t = threading.Thread(target=bound_caller, args=(spread,))
         t.start()
         t.join()
-    mine = loader_mod._cpus(os.sched_getaffinity(0))
+    from coldstart.cpulist import format_cpus
+
+    mine = format_cpus(os.sched_getaffinity(0))
     assert got[True] == (f"{min(os.sched_getaffinity(0))} -> {mine}", True)
     assert got[False] == ("", True)
 

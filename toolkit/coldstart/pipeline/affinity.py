@@ -14,28 +14,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from coldstart.cpulist import format_cpus, online_cpus, parse_cpus
+
 PROC = Path("/proc")
-
-
-def parse_cpus(text: str) -> set[int]:
-    """'0-2,5' -> {0, 1, 2, 5}."""
-    out: set[int] = set()
-    for part in text.strip().split(","):
-        if part:
-            lo, _, hi = part.partition("-")
-            out.update(range(int(lo), int(hi or lo) + 1))
-    return out
-
-
-def format_cpus(cpus: set[int]) -> str:
-    """{0, 1, 2, 5} -> '0-2,5'."""
-    runs: list[list[int]] = []
-    for c in sorted(cpus):
-        if runs and c == runs[-1][1] + 1:
-            runs[-1][1] = c
-        else:
-            runs.append([c, c])
-    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def threads(pids: list[int]):
@@ -57,13 +38,6 @@ def threads(pids: list[int]):
                 continue
             if ns_tid is not None and cpus is not None:
                 yield tid, ns_tid, cpus
-
-
-def online_cpus() -> set[int]:
-    try:
-        return parse_cpus((Path("/sys/devices/system/cpu/online")).read_text())
-    except OSError:
-        return set(range(os.cpu_count() or 1))
 
 
 def record(pids: list[int]) -> dict[str, str]:

@@ -488,14 +488,14 @@ def _criu_wait(popen: subprocess.Popen, snap: Path, m: Manifest, st: RestoreStat
         popen.kill()
         popen.wait()
         raise RestoreFailed("criu restored no process tree (nothing under criu in the new PID namespace)")
-    # CRIU does not carry CPU masks: bind vLLM's worker threads again before any forward pass
-    bound, unbound_why = affinity.apply(_tree(root_pid), m.affinity)
-    tl.mark(EventName.RESTORE_DONE, pid=root_pid, threads_bound=bound, **({"unbound": unbound_why} if unbound_why else {}))
-    write_owner(st.dir, snap, server_pid=root_pid)
     spec = EngineSpec(model=Path(m.model), run_dir=st.dir / "run-upper", port=m.port, host=m.host_addr,
                       sleep_mode=m.asleep or bool(m.weights), extra_args=list(m.engine_args), device=m.device,
                       served_model_name=m.served_model_name)
     eng = EngineProcess.attach(spec, root_pid, popen=popen, new_pidns=True)
+    # CRIU does not carry CPU masks: bind vLLM's worker threads again before any forward pass
+    bound, unbound_why = affinity.apply(eng.pids(), m.affinity)
+    tl.mark(EventName.RESTORE_DONE, pid=root_pid, threads_bound=bound, **({"unbound": unbound_why} if unbound_why else {}))
+    write_owner(st.dir, snap, server_pid=root_pid)
     eng.shm_paths = lambda: set()  # its /dev/shm is a private tmpfs: never unlink the host's files
     undo.callback(lambda: (eng.stop(timeout=5), _reap(root_pid)))
     return eng
@@ -571,16 +571,6 @@ def _canary(client, m: Manifest, tl: Timeline, checks: _Checks) -> str:
         raise RestoreFailed(bad)
     tl.mark(EventName.CANARY_OK, kind=m.canary.kind)
     return text
-
-
-def _tree(root_pid: int) -> list[int]:
-    """Host PIDs of the restored tree: the root and its descendants."""
-    import psutil
-
-    try:
-        return [root_pid] + [c.pid for c in psutil.Process(root_pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
 
 
 def _host_root(launcher_pid: int, settle: float = 5.0) -> int:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from coldstart.cpulist import format_cpus, online_cpus
 from coldstart.errors import ColdstartError
 from coldstart.weights.format import FlatIndex, TensorEntry, align_up, hasher, read_index, torch_dtype
 
@@ -394,7 +395,7 @@ class _Loader:
             return
         try:
             mine = os.sched_getaffinity(0)
-            want = set(range(os.cpu_count() or 1))  # the kernel keeps only what the cpuset allows
+            want = online_cpus()  # the kernel keeps only what the cpuset allows
             if want <= mine:
                 return
             os.sched_setaffinity(0, want)
@@ -403,7 +404,7 @@ class _Loader:
             return
         if now != mine and not self.reader_cpus:
             with self.lock:
-                self.reader_cpus = f"{_cpus(mine)} -> {_cpus(now)}"
+                self.reader_cpus = f"{format_cpus(mine)} -> {format_cpus(now)}"
 
     def _open(self) -> int:
         self._spread()
@@ -932,19 +933,6 @@ def _load_group(index: FlatIndex, pairs, **kw) -> LoadStats:
         read_s=ld.read_s, copy_s=ld.copy_s, verify_s=ld.verify_s, wait_s=ld.wait_s, alloc_s=ld.alloc_s, notes=ld.notes,
         layout=ld.layout, read_bytes=ld.read_bytes, fadvise=ld.fadvise or "", reader_cpus=ld.reader_cpus,
     )
-
-
-def _cpus(cpus: set[int]) -> str:
-    """{0, 1, 2, 5} -> "0-2,5" (the kernel's cpulist form)."""
-    out, run = [], []
-    for c in sorted(cpus):
-        if run and c != run[-1] + 1:
-            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-            run = []
-        run.append(c)
-    if run:
-        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-    return ",".join(out)
 
 
 def alloc_like_index(index: FlatIndex | Path | str, device: str = "cpu") -> dict[str, Any]:
