@@ -406,8 +406,12 @@ def bench_artifact(
         # the checkpoint recorded its files as verified; a first-on-node run re-records them after its
         # full check, so every `recorded` run finds the record without a verify pass right before it
         for rep in range(reps):
+            # the variants' order rotates with the repetition: in a fixed order `recorded` always ran
+            # right after `off`, and a restore is slower while the previous one's teardown goes on
+            order = list(verify_modes)[rep % 3:] + list(verify_modes)[:rep % 3]
             for cache in ("warm", "dropped"):
-                for vm, extra in verify_modes.items():
+                for pos, vm in enumerate(order):
+                    extra = verify_modes[vm]
                     if vm == "first-on-node":
                         integrity.NodeRecord().forget_all()
                     if cache == "dropped":
@@ -416,7 +420,7 @@ def bench_artifact(
                         _read(p for p in snap.rglob("*") if p.is_file())
                     r = restore_from_exec(snap, extra)
                     rows.append({"bench": "integrity", "model": size, "cache": cache, "verify": vm, "rep": rep,
-                                 "snapshot_bytes": total, **r})
+                                 "position": pos, "snapshot_bytes": total, **r})
                     say(json.dumps(rows[-1]))
         subprocess.run([str(Path(sys.executable).with_name("coldstart")), "snapshot", "verify", str(snap)],
                        capture_output=True, check=True)
@@ -448,9 +452,11 @@ def artifact_table(rows: list[dict]) -> str:
              "--no-verify; `recorded` = this node verified the files before (`coldstart snapshot verify`), the "
              "restore checks identities only; `first-on-node` = no record: every chunk of every file the "
              "restore uses is hashed before serving, beside the restore. Warm = every snapshot file read just "
-             "before; dropped = `echo 3 > drop_caches` just before (venv libraries dropped too).", "",
-             "| model | cache | digests | first token from exec (s) | in-process (s) | vs off | runs | restored |",
-             "|---|---|---|---|---|---|---|---|"]
+             "before; dropped = `echo 3 > drop_caches` just before (venv libraries dropped too). The three "
+             "variants run in an order that rotates with the repetition; `paired` = the median over repetitions "
+             "of each one's ratio to `off` in the same repetition.", "",
+             "| model | cache | digests | first token from exec (s) | in-process (s) | vs off | paired | runs | restored |",
+             "|---|---|---|---|---|---|---|---|---|"]
     integ = [r for r in rows if r["bench"] == "integrity"]
     for size in dict.fromkeys(r["model"] for r in integ):
         for cache in ("warm", "dropped"):
@@ -461,15 +467,19 @@ def artifact_table(rows: list[dict]) -> str:
                     continue
                 fe = med(r["first_token_from_exec_s"] for r in sel)
                 ip = med(r["first_token_in_process_s"] for r in sel)
-                lines.append(f"| {size} | {cache} | {vm} | {fe:.3f} | {ip:.3f} | {fe / base:.3f}× | {len(sel)} | "
+                off = {r["rep"]: r["first_token_from_exec_s"] for r in integ
+                       if (r["model"], r["cache"], r["verify"]) == (size, cache, "off")}
+                paired = med(r["first_token_from_exec_s"] / off[r["rep"]] for r in sel
+                             if r["first_token_from_exec_s"] and off.get(r["rep"]))
+                lines.append(f"| {size} | {cache} | {vm} | {fe:.3f} | {ip:.3f} | {fe / base:.3f}× | {paired:.3f}× | {len(sel)} | "
                              f"{sum(r['restored'] for r in sel)}/{len(sel)} |")
     conc = [r for r in rows if r["bench"] == "concurrent"]
     if conc:
         lines += ["", "Concurrent restores of one snapshot (page cache warm, digests recorded): each replica's first "
                   "token from its own exec, all started together.", "",
                   "| model | N at once | median (s) | slowest (s) | slowest / median of N=1 | CPU bound (s) | "
-                  "slowest / bound | restored | fallbacks |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "slowest / bound | batch CPU / cores (s) | restored | fallbacks |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for size in dict.fromkeys(r["model"] for r in conc):
             one = med(r["first_token_from_exec_s"] for r in conc if r["model"] == size and r["n"] == 1)
             cpu1 = med(r.get("machine_cpu_busy_s") for r in conc if r["model"] == size and r["n"] == 1)
@@ -478,12 +488,17 @@ def artifact_table(rows: list[dict]) -> str:
                 xs = [r["first_token_from_exec_s"] for r in sel if r["first_token_from_exec_s"] is not None]
                 worst = max(xs) if xs else float("nan")
                 bound = max(one, n * cpu1 / (os.cpu_count() or 1))
+                # what each batch really used: every replica's reading spans the batch's CPU up to its exit
+                batch = med(max((r.get("machine_cpu_busy_s") or 0) for r in sel if r["rep"] == rep)
+                            for rep in {r["rep"] for r in sel}) / (os.cpu_count() or 1)
                 lines.append(f"| {size} | {n} | {med(xs):.3f} | {worst:.3f} | {worst / one:.2f}× | {bound:.3f} | "
-                             f"{worst / bound:.2f}× | {sum(r['restored'] for r in sel)}/{len(sel)} | "
+                             f"{worst / bound:.2f}× | {batch:.3f} | {sum(r['restored'] for r in sel)}/{len(sel)} | "
                              f"{sum(bool(r['fallback']) for r in sel)} |")
         lines += ["", f"CPU bound: N × the CPU time the whole machine spent on one restore (N=1, exec to the "
                   f"entrypoint's exit, median) / {os.cpu_count()} cores, or the N=1 time if larger: the earliest "
-                  "the slowest of N can finish when every restore needs that CPU and they share the cores."]
+                  "the slowest of N can finish when every restore needs that CPU and they share the cores. "
+                  "Batch CPU / cores: the CPU the whole machine spent during a batch of N (median over "
+                  "repetitions) over the cores; a slowest near it was waiting for CPU, not on a lock."]
     return "\n".join(lines) + "\n"
 
 
