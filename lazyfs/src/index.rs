@@ -22,6 +22,8 @@ struct RawIndex {
     chunks: Vec<RawChunk>,
     packs: Vec<RawPack>,
     version: u32,
+    #[serde(default)]
+    profiled: usize,
 }
 
 #[derive(Deserialize)]
@@ -82,6 +84,8 @@ pub struct Node {
 pub struct Index {
     pub chunk_size: u64,
     pub chunks: Vec<Chunk>,
+    /// How many chunks, from the first, the access profile names (what a restore reads first)
+    pub profiled: usize,
     pub packs: Vec<Pack>,
     nodes: Vec<Node>, // nodes[ino - 1]
 }
@@ -154,7 +158,8 @@ impl Index {
                 }
             }
         }
-        Ok(Index { chunk_size: raw.chunk_size, chunks, packs, nodes })
+        let profiled = raw.profiled.min(chunks.len());
+        Ok(Index { chunk_size: raw.chunk_size, chunks, packs, nodes, profiled })
     }
 
     pub fn node(&self, ino: u64) -> Option<&Node> {

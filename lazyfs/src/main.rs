@@ -2,7 +2,8 @@
 //! read-only, fetching its chunks on first read and verifying each against its BLAKE3 digest before
 //! any byte of it is returned. Chunks land in a content-addressed cache directory shared by every
 //! mount on the node; with --prefetch all, background workers fill it in the index's order (the
-//! order of first access) while reads that miss jump the queue with fetches of their own. With
+//! order of first access) while reads that miss jump the queue with fetches of their own; with
+//! --prefetch profiled, only the chunks the access profile names. With
 //! --cache-max-bytes the cache is kept under a bound, never evicting a chunk a live mount uses.
 //!
 //! Runs in the foreground until SIGTERM/SIGINT or `fusermount3 -u`, then unmounts and exits 0.
@@ -79,6 +80,8 @@ struct Args {
 #[derive(Clone, Copy, PartialEq, ValueEnum)]
 enum Prefetch {
     All,
+    /// only the chunks the access profile names (a runtime tree: gigabytes a restore never reads)
+    Profiled,
     None,
 }
 
@@ -153,8 +156,11 @@ fn run(args: Args, signals: &libc::sigset_t) -> Result<(), String> {
     );
 
     let stop = Arc::new(AtomicBool::new(false));
-    if args.prefetch == Prefetch::All {
-        start_prefetch(&store, &stop, (args.threads as usize / 2).clamp(1, 4));
+    let streams = (args.threads as usize / 2).clamp(1, 4);
+    match args.prefetch {
+        Prefetch::All => start_prefetch(&store, &stop, streams, index.chunks.len()),
+        Prefetch::Profiled => start_prefetch(&store, &stop, streams, index.profiled),
+        Prefetch::None => {}
     }
     if let Some(p) = &args.ready_file {
         if let Err(e) = write_ready(p) {
@@ -199,7 +205,7 @@ fn run(args: Args, signals: &libc::sigset_t) -> Result<(), String> {
 }
 
 /// Background workers that fill the cache in index order; the last one out logs the total.
-fn start_prefetch(store: &Arc<Store>, stop: &Arc<AtomicBool>, streams: usize) {
+fn start_prefetch(store: &Arc<Store>, stop: &Arc<AtomicBool>, streams: usize, end: usize) {
     let cursor = Arc::new(Mutex::new(0usize));
     let live = Arc::new(AtomicUsize::new(streams));
     let (bytes, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
@@ -210,7 +216,7 @@ fn start_prefetch(store: &Arc<Store>, stop: &Arc<AtomicBool>, streams: usize) {
         thread::Builder::new()
             .name(format!("prefetch-{i}"))
             .spawn(move || {
-                let (b, f) = store.prefetch(&cursor, &stop);
+                let (b, f) = store.prefetch(&cursor, end, &stop);
                 bytes.fetch_add(b, Relaxed);
                 failed.fetch_add(f, Relaxed);
                 if live.fetch_sub(1, Relaxed) == 1 && !stop.load(Relaxed) {

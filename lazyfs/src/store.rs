@@ -190,16 +190,17 @@ impl Store {
     }
 
     /// One prefetch worker: claim the next run of chunks not yet cached nor in flight, in index
-    /// order (`cursor` is shared by the workers), fetch it, repeat until done or `stop`.
-    /// Returns (bytes fetched, chunks that failed).
-    pub fn prefetch(&self, cursor: &Mutex<usize>, stop: &AtomicBool) -> (u64, u64) {
+    /// order (`cursor` is shared by the workers), fetch it, repeat until `end` chunks are done or
+    /// `stop`. Returns (bytes fetched, chunks that failed).
+    pub fn prefetch(&self, cursor: &Mutex<usize>, end: usize, stop: &AtomicBool) -> (u64, u64) {
+        let end = end.min(self.index.chunks.len());
         let (mut bytes, mut failed) = (0u64, 0u64);
         while !stop.load(Relaxed) {
             let run = {
                 let mut cur = cursor.lock().unwrap();
                 let mut want = Vec::new();
                 let mut size = 0;
-                while *cur < self.index.chunks.len() {
+                while *cur < end {
                     let ci = *cur as u32;
                     let c = &self.index.chunks[ci as usize];
                     if let Some(&prev) = want.last() {
@@ -225,7 +226,7 @@ impl Store {
                 want
             };
             if run.is_empty() {
-                if *cursor.lock().unwrap() >= self.index.chunks.len() {
+                if *cursor.lock().unwrap() >= end {
                     break;
                 }
                 continue;

@@ -62,3 +62,49 @@ def test_registry_down_falls_back_naming_it(tiny_snapshot, tiny_model_dir, tmp_p
         assert EngineClient(r.base_url, timeout=300).complete("Hello", max_tokens=2).text is not None
     finally:
         r.stop()
+
+
+def test_restore_with_its_runtime_from_the_registry(registry, tiny_snapshot, tmp_path, monkeypatch):
+    """A node with neither the snapshot nor the runtime: the venv the server runs from is pushed as the
+    snapshot's runtime, mounted lazily and seen by the restored server at its checkpoint path; only
+    the chunks the server maps are prefetched, so most of the venv never crosses."""
+    import sys
+    from pathlib import Path
+
+    from coldstart.errors import ColdstartError
+    from coldstart.registry.mount import as_reference
+
+    venv = Path(os.path.realpath(sys.prefix))
+    # the checkpoint node records the access profile at a restore; the runtime push orders by it
+    monkeypatch.setenv("COLDSTART_NODE_DIR", str(tmp_path / "checkpoint-node"))
+    r0 = restore(RestoreOptions(snapshot=tiny_snapshot.out, fallback=False, port=free_port(), warm_record="force"),
+                 say=lambda s: None)
+    r0.stop()
+    snap_ref = f"{registry.host}/snapshots/tiny-rt:v1"
+    rt_ref = f"{registry.host}/runtimes/tiny:v1"
+    artifact.push(tiny_snapshot.out, snap_ref)
+    pushed = artifact.push_runtime(venv, tiny_snapshot.out, rt_ref)
+    assert as_reference(rt_ref) == rt_ref
+
+    monkeypatch.setenv("COLDSTART_NODE_DIR", str(tmp_path / "node"))  # the fresh node
+    cache = tmp_path / "lazy-cache"
+    monkeypatch.setenv("COLDSTART_LAZY_CACHE", str(cache))
+    with pytest.raises(ColdstartError, match="not a runtime"):  # a snapshot is not a runtime
+        restore(RestoreOptions(snapshot=tmp_path / "mnt0", ref=snap_ref, runtime=snap_ref, fallback=False,
+                               port=free_port()), say=lambda s: None)
+    r = restore(RestoreOptions(snapshot=tmp_path / "mnt", ref=snap_ref, runtime=rt_ref, fallback=False,
+                               port=free_port()), say=lambda s: None)
+    try:
+        assert r.restored and r.canary_ok, r.fallback_reason
+        assert r.timeline.get("RUNTIME_MOUNTED") is not None
+        # inside the restore's mount namespace the venv's path is the lazy mount
+        mounts = Path(f"/proc/{r.engine.root_pid}/mountinfo").read_text().splitlines()
+        assert any(ln.split()[4] == str(venv) and "coldstart-lazyfs" in ln for ln in mounts), mounts[-5:]
+        m = tiny_snapshot.manifest
+        got = EngineClient(r.base_url, timeout=300).complete(m.canary.prompt, max_tokens=4, seed=0)
+        assert got.token_ids[:1] == m.canary.token_ids[:1]
+        chunks = sum(f.stat().st_size for f in (cache / "chunks").rglob("*") if f.is_file())  # (pins/ are links)
+        snap_bytes = sum(f.stat().st_size for f in tiny_snapshot.out.rglob("*") if f.is_file())
+        assert chunks < snap_bytes + pushed.total_bytes // 4, (chunks, snap_bytes, pushed.total_bytes)
+    finally:
+        r.stop()

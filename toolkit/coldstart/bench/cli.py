@@ -33,6 +33,8 @@ def bench_lazy(
                                      "built it) | local"),
     work: Path = typer.Option(Path("/var/tmp/coldstart-bench-lazy"), help="snapshots, registry storage, node state"),
     out: Path = typer.Option(Path("results/lazy"), help="results directory (raw.jsonl, table.md, COMMAND)"),
+    runtime: bool = typer.Option(False, "--runtime", help="the node lacks the runtime too: this venv is pushed "
+                                 "(`push --runtime-of`), pulled by `pull` and mounted lazily by the lazy methods"),
 ) -> None:
     """Restore → first token on an emulated fresh node: full pull then restore, lazy mount without and
     with prefetch, beside a warm local restore; the registry in its own network namespace behind a
@@ -62,7 +64,8 @@ def bench_lazy(
         except ColdstartError as e:
             say(f"skipping nydus: {e}")
             chosen = tuple(m for m in chosen if m != "nydus")
-    rows = lazy.run_bench(cases, [float(r) for r in rates.split(",") if r], reps, work, say, methods=chosen)
+    rows = lazy.run_bench(cases, [float(r) for r in rates.split(",") if r], reps, work, say, methods=chosen,
+                          runtime=Path(os.path.realpath(sys.prefix)) if runtime else None)
     h = hostfacts.collect()
     host = (f"Host: {h.cpu_model}, {os.cpu_count()} cores, kernel {h.kernel} ({socket.gethostname()}). "
             "CPU-measured; unverified on GPU. Link: veth + tc tbf, no added latency (no netem in this kernel).")

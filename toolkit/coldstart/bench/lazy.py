@@ -68,9 +68,11 @@ def record_profile(snap: Path) -> None:
 
 
 def one_start(method: str, ref: str, local: Path, work: Path, dev: str | None, env: dict,
-              nydus_boot: str = "") -> dict:
+              nydus_boot: str = "", runtime_ref: str = "") -> dict:
     """One start on an emptied node; returns the row (seconds from spawn to first token, bytes over
-    the link before it, the restore's own events)."""
+    the link before it, the restore's own events). ``runtime_ref``: the node has no runtime either:
+    ``pull`` pulls it too and restores with it, the lazy methods mount it lazily (nydus and local
+    keep the node's own)."""
     from coldstart.bench.criu import drop_caches
 
     # local: the steady state of a node that has this snapshot (verified before, profile recorded)
@@ -79,6 +81,7 @@ def one_start(method: str, ref: str, local: Path, work: Path, dev: str | None, e
         shutil.rmtree(node, ignore_errors=True)
     shutil.rmtree(work / "lazy-cache", ignore_errors=True)
     shutil.rmtree(work / "pulled", ignore_errors=True)
+    shutil.rmtree(work / "pulled-runtime", ignore_errors=True)
     shutil.rmtree(work / "nydus-node", ignore_errors=True)
     env = {**env, "COLDSTART_NODE_DIR": str(node), "COLDSTART_LAZY_CACHE": str(work / "lazy-cache"),
            "COLDSTART_LAZY_PREFETCH": "none" if method == "lazy" else "all"}
@@ -101,6 +104,11 @@ def one_start(method: str, ref: str, local: Path, work: Path, dev: str | None, e
                                text=True, timeout=1800)
             if p.returncode != 0:
                 raise RuntimeError(f"pull failed: {p.stderr.strip()[-300:]}")
+            if runtime_ref:
+                p = subprocess.run(_coldstart("pull", runtime_ref, str(work / "pulled-runtime")), env=env,
+                                   capture_output=True, text=True, timeout=3600)
+                if p.returncode != 0:
+                    raise RuntimeError(f"pull of the runtime failed: {p.stderr.strip()[-300:]}")
             row["pull_s"] = round(time.monotonic() - t0, 3)
             target = str(work / "pulled")
         else:
@@ -108,6 +116,10 @@ def one_start(method: str, ref: str, local: Path, work: Path, dev: str | None, e
         # after a pull every chunk was checked against the index (as a mount checks each on read):
         # the restore's own hashing would count twice; nydusd is given the same terms
         extra = ["--verify", "off"] if method in ("pull", "nydus") else []
+        if runtime_ref and method.startswith("lazy"):
+            extra += ["--runtime", runtime_ref]
+        elif runtime_ref and method == "pull":
+            extra += ["--runtime", str(work / "pulled-runtime")]
         p = subprocess.run(_coldstart("restore", target, "--no-serve", "--no-fallback", *extra), env=env,
                            capture_output=True, text=True, timeout=900)
         row["link_bytes"] = (_rx(dev) - rx0) if dev else None  # (a little after the first token)
@@ -146,9 +158,11 @@ def _nydus_image(snap: Path, ref: str, out: Path, rows: list[dict], size: str, r
 
 
 def run_bench(cases: list[tuple[str, Path]], rates: list[float], reps: int, work: Path, say: Say,
-              methods: tuple[str, ...] = METHODS) -> list[dict]:
+              methods: tuple[str, ...] = METHODS, runtime: Path | None = None) -> list[dict]:
     """``cases``: (size, local snapshot dir). One registry per rate, in its own namespace behind the
-    shaped link; every snapshot pushed once per registry (its storage is kept between rates)."""
+    shaped link; every snapshot pushed once per registry (its storage is kept between rates).
+    ``runtime``: the venv the snapshots' servers run from, pushed too (`push --runtime-of`): the
+    emulated node then has neither the snapshot nor the runtime (see one_start)."""
     from coldstart.registry import artifact, link, server
     from coldstart.registry.distribution import Ref, Registry
 
@@ -170,6 +184,16 @@ def run_bench(cases: list[tuple[str, Path]], rates: list[float], reps: int, work
                                  "profiled_bytes": sum(c.size for c in index.chunks[:index.profiled]),
                                  "push_s": pr.seconds})
                     say(json.dumps(rows[-1]))
+                    rt_ref = ""
+                    if runtime is not None:
+                        rt_ref = f"http://{L.addr}:5000/runtimes/{size}:bench"
+                        pr = artifact.push_runtime(runtime, snap, rt_ref)
+                        index, _, _ = artifact.fetch_index(Registry(Ref.parse(rt_ref)))
+                        rows.append({"size": size, "rate_gbit": rate, "method": "runtime-artifact",
+                                     "bytes": index.bytes, "chunks": len(index.chunks),
+                                     "profiled_bytes": sum(c.size for c in index.chunks[:index.profiled]),
+                                     "push_s": pr.seconds, "uploaded_bytes": pr.uploaded_bytes})
+                        say(json.dumps(rows[-1]))
                     boot = ""
                     if "nydus" in methods:
                         boot = _nydus_image(snap, ref, work / "nydus-images" / size, rows, size, rate, say)
@@ -177,7 +201,7 @@ def run_bench(cases: list[tuple[str, Path]], rates: list[float], reps: int, work
                         for method in (methods if rep % 2 == 0 else methods[::-1]):
                             row = {"size": size, "rate_gbit": rate, "rep": rep,
                                    **one_start(method, ref, snap, work / "node-state", L.node_if,
-                                               dict(os.environ), boot)}
+                                               dict(os.environ), boot, rt_ref)}
                             rows.append(row)
                             say(json.dumps({k: v for k, v in row.items() if k != "events"}))
             finally:
@@ -221,6 +245,16 @@ def render(rows: list[dict], host: str, command: str) -> str:
                      + f" | {fmt(bound)} | " + (f"**{lp / bound:.2f}x**" if lp and bound else "-")
                      + " | " + (f"**{t['pull'] / lp:.1f}x**" if lp and t["pull"] else "-")
                      + " | " + (f"**{t['nydus'] / lp:.2f}x**" if lp and t["nydus"] else "-") + " |")
+    rts = {(r["size"], r["rate_gbit"]): r for r in rows if r["method"] == "runtime-artifact"}
+    if rts:
+        r = next(iter(rts.values()))
+        L += ["", f"The node has no runtime either: the venv the servers run from ({r['bytes'] / 2**20:.0f} MiB, "
+              f"{r['chunks']} chunks) is in the registry too (`coldstart push VENV REF --runtime-of SNAP`: "
+              "first the chunks the snapshot's profile names the server mapping, "
+              + ", ".join(f"{s} {v['profiled_bytes'] / 2**20:.0f} MiB" for (s, _), v in rts.items() if _ == r["rate_gbit"])
+              + "). `pull` pulls all of it before the restore; the lazy methods mount it (`restore --runtime REF`; "
+              "prefetch of the profiled chunks only, with lazy + prefetch); nydusd and local use the node's own "
+              "venv. The link bytes include the runtime's."]
     errs = [r for r in rows if r.get("error")]
     if errs:
         L += ["", "Errors:"] + [f"- {r['size']} {r['rate_gbit']:g} Gbit/s {r['method']} rep {r.get('rep')}: "

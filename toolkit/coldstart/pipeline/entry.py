@@ -20,7 +20,7 @@ from pathlib import Path
 
 ENV = {  # option -> environment variable that sets its default (a container's settings)
     "verify": "COLDSTART_VERIFY", "net": "COLDSTART_RESTORE_NET", "port": "COLDSTART_PORT",
-    "listen": "COLDSTART_LISTEN", "ready_file": "COLDSTART_READY_FILE",
+    "listen": "COLDSTART_LISTEN", "ready_file": "COLDSTART_READY_FILE", "runtime": "COLDSTART_RUNTIME",
 }
 
 
@@ -40,6 +40,11 @@ def parser() -> argparse.ArgumentParser:
       help="Digests of the snapshot's files, checked before serving: auto (what this node has not verified "
            "unchanged before) | full (everything, every time) | off." + env("verify"))
     a("--no-verify", action="store_true", help="Same as --verify off.")
+    a("--runtime", default=os.environ.get(ENV["runtime"]) or None,
+      help="Where the server's runtime (the venv with torch and vLLM it was checkpointed with) comes from: a "
+           "registry reference pushed by `coldstart push VENV REF --runtime-of SNAPSHOT` (mounted lazily, only "
+           "what the server maps fetched first) or a directory; the restored server sees it at its checkpoint "
+           "path. Default: the runtime installed at that path." + env("runtime"))
     a("--no-warm", action="store_true", help="Do not warm the page cache in the background.")
     a("--no-fallback", action="store_true", help="Fail instead of cold-booting.")
     a("--model", help="Model to cold-boot if the manifest is unreadable.")
@@ -90,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
                                  timeout=args.timeout, net=args.net, port=args.port, listen=args.listen,
                                  reload_mode=args.reload_mode, warm_mode=args.warm_mode, warm_method=args.warm_method,
                                  warm_profile=args.warm_profile, warm_record=args.warm_record,
-                                 warm_rest=args.warm_rest),
+                                 warm_rest=args.warm_rest, runtime=args.runtime),
                   say=_say)
     status = "restored" if res.restored else f"cold boot (fallback: {res.fallback_reason})"
     summary = json.dumps({"url": res.base_url, "pid": res.engine.root_pid, "restored": res.restored,

@@ -22,6 +22,7 @@ class EventName(str, Enum):
     ENTRYPOINT_START = "ENTRYPOINT_START"  # the entrypoint process's exec, from /proc (not from Python)
     ENTRY_READY = "ENTRY_READY"  # its interpreter up, arguments parsed, the restore imported: its own work starts
     LAZY_MOUNTED = "LAZY_MOUNTED"  # a registry reference mounted lazily (index verified, prefetch started)
+    RUNTIME_MOUNTED = "RUNTIME_MOUNTED"  # the server's runtime (venv) mounted lazily, or a directory given for it
     MANIFEST_OK = "MANIFEST_OK"
     WARM_START = "WARM_START"
     WARM_DONE = "WARM_DONE"

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 # CPU flags that change which kernels torch / oneDNN / vLLM-CPU select at start-up. A snapshot made on
 # a CPU with one of these must not be restored on a CPU without it (SIGILL, or silently other numerics).
@@ -44,13 +45,13 @@ class HostFacts:
         return asdict(self)
 
 
-def _dist_version(*names: str) -> str:
+def _dist_version(*names: str, path: list[str] | None = None) -> str:
     """The installed version of the first of ``names`` found: read from its .dist-info directory's
-    name on sys.path (what importlib.metadata finds first too), without importing importlib.metadata,
-    which costs the restore entrypoint ~20 ms before its first step."""
+    name on ``path`` (default sys.path: what importlib.metadata finds first too), without importing
+    importlib.metadata, which costs the restore entrypoint ~20 ms before its first step."""
     norm = lambda s: s.lower().replace("-", "_").replace(".", "_")  # noqa: E731
     for n in names:
-        for d in sys.path:
+        for d in (sys.path if path is None else path):
             try:
                 entries = os.listdir(d or ".")
             except OSError:
@@ -59,6 +60,8 @@ def _dist_version(*names: str) -> str:
                 name, _, version = e.removesuffix(".dist-info").rpartition("-")
                 if e.endswith(".dist-info") and norm(name) == norm(n):
                     return version
+    if path is not None:
+        return ""
     import importlib.metadata  # another layout (an egg, a zip): the library knows them all
 
     for n in names:
@@ -115,13 +118,26 @@ def gpu_info() -> tuple[str, str]:
     return devices, driver
 
 
-def collect(criu_bin: str | None = None) -> HostFacts:
-    """This host's facts (cheap: no torch / vLLM import, ~10 ms plus ``criu --version``)."""
+def collect(criu_bin: str | None = None, runtime: "tuple[str, Path] | None" = None) -> HostFacts:
+    """This host's facts (cheap: no torch / vLLM import, ~10 ms plus ``criu --version``).
+    ``runtime`` (the prefix the server runs from, the tree that provides it here: a lazily mounted
+    runtime): vLLM's and torch's versions are that tree's, and the python executable is seen there."""
+    path = None
+    # the venv's real path: the one the server's mappings name (a venv reached through a symlink
+    # is recorded where it really is; a runtime is mounted there)
+    prefix = os.path.realpath(sys.prefix)
+    exe = prefix + sys.executable[len(sys.prefix):] if sys.executable.startswith(sys.prefix + "/") else sys.executable
+    if runtime is not None:
+        at, tree = runtime
+        path = [str(d) for d in sorted(Path(tree).glob("lib/python*/site-packages"))]
+        if exe.startswith(prefix + "/"):  # this interpreter's own venv stands for the runtime's
+            exe = at + exe[len(prefix):]
+        prefix = at
     model, flags = cpu_info()
     gpu, driver = gpu_info()
     return HostFacts(
-        vllm=_dist_version("vllm", "vllm-cpu"),
-        torch=_dist_version("torch"),
+        vllm=_dist_version("vllm", "vllm-cpu", path=path),
+        torch=_dist_version("torch", path=path),
         python=platform.python_version(),
         kernel=platform.release(),
         arch=platform.machine(),
@@ -130,12 +146,13 @@ def collect(criu_bin: str | None = None) -> HostFacts:
         cpu_flags=flags,
         gpu=gpu,
         gpu_driver=driver,
-        python_executable=sys.executable,
-        sys_prefix=sys.prefix,
+        python_executable=exe,
+        sys_prefix=prefix,
     )
 
 
-def compare(snap: dict, host: HostFacts, warnings: list[str] | None = None) -> list[str]:
+def compare(snap: dict, host: HostFacts, warnings: list[str] | None = None,
+            remap: Callable[[str], str] | None = None) -> list[str]:
     """Every reason this host cannot restore a snapshot made on ``snap`` (a HostFacts dict).
 
     Another kernel build is no reason: nothing in CRIU or vLLM needs the same build string, CRIU
@@ -162,6 +179,6 @@ def compare(snap: dict, host: HostFacts, warnings: list[str] | None = None) -> l
         problems.append(f"gpu: snapshot has {want_gpus or '(none)'}, host has {have_gpus or '(none)'}")
     for key in ("python_executable",):
         p = snap.get(key, "")
-        if p and not os.path.exists(p):
+        if p and not os.path.exists(remap(p) if remap else p):
             problems.append(f"{key}: {p} does not exist here (the restore needs the same paths)")
     return problems

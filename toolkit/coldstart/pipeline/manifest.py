@@ -200,7 +200,7 @@ def read_manifest(snapshot_dir: Path) -> Manifest:
 
 
 def validate_against_host(m: Manifest, snapshot_dir: Path, host=None, verify: bool = False,
-                          warnings: list[str] | None = None) -> list[str]:
+                          warnings: list[str] | None = None, remap=None) -> list[str]:
     """Every reason this snapshot cannot be restored on this host, each naming what differs.
 
     ``host`` is a ``hostfacts.HostFacts`` (collected here when None). File sizes always; the whole
@@ -212,7 +212,7 @@ def validate_against_host(m: Manifest, snapshot_dir: Path, host=None, verify: bo
     snapshot_dir = Path(snapshot_dir)
     if host is None:
         host = hostfacts.collect()
-    problems = hostfacts.compare(m.host, host, warnings=warnings)
+    problems = hostfacts.compare(m.host, host, warnings=warnings, remap=remap)  # remap: a runtime's paths
     for rel, fe in sorted(m.files.items()):
         p = snapshot_dir / rel
         try:

@@ -35,7 +35,7 @@ def _ovl_escape(p: Path) -> str:
 
 def wrap_argv(argv: list[str], *, run_lower: Path, run_upper: Path, run_work: Path, run_at: str,
               shm: dict[Path, int] | None = None, run_modes: dict[str, int] | None = None,
-              private_net: bool = False) -> list[str]:
+              private_net: bool = False, binds: dict[Path, str] | None = None) -> list[str]:
     """``argv`` (a ``criu restore``) in the namespaces a restore needs, as PID 1 of a fresh PID
     namespace (the restored tree keeps its dumped PIDs there, whatever runs on the host), session
     leader (``setsid``: required by CRIU for a vLLM tree here), killed with its launcher
@@ -48,7 +48,9 @@ def wrap_argv(argv: list[str], *, run_lower: Path, run_upper: Path, run_work: Pa
       ``run_modes`` (path under it -> mode) are the files the server holds open, given their modes
       back where a read-only store changed them (CRIU checks; only those are copied up);
     - /dev/shm is a private tmpfs holding copies of ``shm`` (source -> mode; CRIU checks modes, and a
-      read-only store may have changed them).
+      read-only store may have changed them);
+    - ``binds`` (source -> path): read-only bind mounts, e.g. a runtime mounted lazily elsewhere, put
+      where the server was checkpointed with it.
     With ``private_net`` also a network namespace with only ``lo`` (a Forwarder makes it reachable)."""
     import shlex
     import shutil
@@ -64,6 +66,8 @@ def wrap_argv(argv: list[str], *, run_lower: Path, run_upper: Path, run_work: Pa
         script += "".join(f"chmod {mode:o} {q('/dev/shm/' + p.name)}; " for p, mode in shm.items())
     opts = f"lowerdir={_ovl_escape(run_lower)},upperdir={_ovl_escape(run_upper)},workdir={_ovl_escape(run_work)}"
     script += f"mkdir -p {q(run_at)}; mount -t overlay overlay -o {q(opts)} {q(run_at)}; "
+    for src, at in (binds or {}).items():
+        script += f"mkdir -p {q(at)}; mount --bind -o ro {q(str(src))} {q(at)}; "
     for rel, mode in (run_modes or {}).items():
         f = q(f"{run_at}/{rel}")
         script += f'[ "$(stat -c %a {f})" = {mode:o} ] || chmod {mode:o} {f}; '

@@ -69,6 +69,26 @@ class RestoreOptions:
     # a registry reference instead of a directory: mounted lazily (coldstart.registry.mount) at
     # ``snapshot``, then restored from the mount; the mount lives until ``RestoreResult.stop``
     ref: str | None = None
+    # the server's runtime tree (its venv): a registry reference (`coldstart push --runtime-of`, mounted
+    # lazily) or a directory, seen by the restored server at its checkpoint path (Runtime)
+    runtime: str | None = None
+
+
+@dataclass
+class Runtime:
+    """The server's runtime as this restore provides it: ``tree`` (a lazy mount or a directory) bound
+    at ``at``, the path the server was checkpointed with, inside the restore's mount namespace only
+    (CRIU reopens every library the server mapped by that path)."""
+    tree: Path
+    at: str
+    mount: object | None = None  # registry.mount.Mount of a runtime reference
+
+    def remap(self, p):
+        """Where a path of the server's (under ``at``) is seen from outside the namespace."""
+        s = str(p)
+        if s == self.at or s.startswith(self.at + "/"):
+            s = str(self.tree) + s[len(self.at):]
+        return type(p)(s) if not isinstance(p, str) else s
 
 
 @dataclass
@@ -84,6 +104,7 @@ class RestoreResult:
     forwarder: object | None = None  # netns.Forwarder in net="private" mode
     state: "RestoreState | None" = None  # this restore's writable directory (removed at stop)
     mount: object | None = None  # registry.mount.Mount when restored from a registry reference
+    runtime: Runtime | None = None  # the runtime the server runs from, when the restore provided it
 
     def stop(self) -> None:
         """Stop the server (and the forwarder); reap it; remove this restore's writable state; then
@@ -98,6 +119,8 @@ class RestoreResult:
                 self.state.release()
             if self.mount is not None:
                 self.mount.unmount()
+            if self.runtime is not None and self.runtime.mount is not None:
+                self.runtime.mount.unmount()
 
 
 def restore(opts: RestoreOptions, say: Callable[[str], None] = print) -> RestoreResult:
@@ -105,7 +128,7 @@ def restore(opts: RestoreOptions, say: Callable[[str], None] = print) -> Restore
     snap = Path(opts.snapshot).absolute()
     tl = Timeline.from_container_start("restore", snapshot=opts.ref or snap.name)
     m: Manifest | None = None
-    mnt = None
+    mnt = rt = None
     try:
         if opts.ref:
             mnt = _mount(opts.ref, snap, tl, say)
@@ -115,9 +138,11 @@ def restore(opts: RestoreOptions, say: Callable[[str], None] = print) -> Restore
                 opts = RestoreOptions(**{**opts.__dict__, "verify": "off"})
         m = read_manifest(snap)
         tl.labels["model"] = Path(m.model).name
+        if opts.runtime:
+            rt = _runtime(opts.runtime, m, tl, say)
         try:
-            res = _restore(snap, m, opts, tl, say)
-            res.mount = mnt
+            res = _restore(snap, m, opts, tl, say, rt)
+            res.mount, res.runtime = mnt, rt
             return res
         except RestoreFailed as e:
             # The dumped loopback TCP connections (gloo) come back with their exact 4-tuples; right
@@ -127,12 +152,14 @@ def restore(opts: RestoreOptions, say: Callable[[str], None] = print) -> Restore
                 raise
             say(f"restore in the host network failed ({str(e)[:120]}...); retrying in a private one")
             tl.mark("RESTORE_RETRY", reason="host network busy: retrying with --net private")
-            res = _restore(snap, m, RestoreOptions(**{**opts.__dict__, "net": "private"}), tl, say)
-            res.mount = mnt
+            res = _restore(snap, m, RestoreOptions(**{**opts.__dict__, "net": "private"}), tl, say, rt)
+            res.mount, res.runtime = mnt, rt
             return res
     except Exception as e:  # the entrypoint's promise: whatever went wrong, still serve (cold)
         if mnt is not None:
             mnt.unmount()
+        if rt is not None and rt.mount is not None:
+            rt.mount.unmount()
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         if not isinstance(e, (ColdstartError, OSError, subprocess.SubprocessError, TimeoutError)):
             reason = f"{type(e).__name__}: {reason}"  # unexpected: name the exception type too
@@ -152,6 +179,38 @@ def _mount(ref: str, mountpoint: Path, tl: Timeline, say: Callable[[str], None])
     tl.mark(EventName.LAZY_MOUNTED, ref=ref, manifest=mnt.manifest_digest)
     say(f"mounted {ref} at {mountpoint} (lazy, verified chunks)")
     return mnt
+
+
+def _runtime(arg: str, m: Manifest, tl: Timeline, say: Callable[[str], None]) -> Runtime:
+    """Provide the server's runtime from ``arg``: a registry reference mounted lazily (only the chunks
+    the server maps are prefetched: a venv is gigabytes of which a restore reads a few percent), or a
+    directory (a pulled copy)."""
+    from coldstart.registry.artifact import RUNTIME_KIND
+    from coldstart.registry.mount import as_reference, mount, mount_point_for
+
+    at = m.host.get("sys_prefix") or ""
+    if not at:
+        raise RestoreFailed("the snapshot does not record the runtime path its server ran from (sys_prefix)")
+    ref = as_reference(arg)
+    if ref is None:
+        if not Path(arg).is_dir():
+            raise RestoreFailed(f"runtime {arg}: no such directory")
+        tl.mark(EventName.RUNTIME_MOUNTED, dir=str(arg), seen_at=at)
+        return Runtime(Path(arg).absolute(), at)
+    try:
+        mnt = mount(ref, mount_point_for(ref, "runtime-"),
+                    prefetch="none" if os.environ.get("COLDSTART_LAZY_PREFETCH") == "none" else "profiled")
+    except ColdstartError as e:
+        raise RestoreFailed(f"lazy mount of the runtime {ref}: {e}") from None
+    exe = m.host.get("python_executable") or ""
+    if mnt.kind != RUNTIME_KIND or not (mnt.prefix in (at, os.path.realpath(at)) or exe.startswith(mnt.prefix + "/")):
+        mnt.unmount()
+        why = ("not a runtime (push it with `coldstart push VENV REF --runtime-of SNAPSHOT`)" if mnt.kind != RUNTIME_KIND
+               else f"pushed from {mnt.prefix}, but the snapshot's server ran from {at}")
+        raise RestoreFailed(f"runtime {ref}: {why}")
+    tl.mark(EventName.RUNTIME_MOUNTED, ref=ref, manifest=mnt.manifest_digest, seen_at=mnt.prefix)
+    say(f"mounted the runtime {ref} at {mnt.mountpoint} (lazy, verified chunks), seen by the server at {mnt.prefix}")
+    return Runtime(mnt.mountpoint, mnt.prefix, mnt)
 
 
 def fall_back(reason: str, m: Manifest | None, opts: RestoreOptions, tl: Timeline,
@@ -184,7 +243,7 @@ class _BackgroundWarm:
     """Imports and starts the warm stage's warmer on a thread, so that its start-up (imports, plan)
     never delays the restore itself; WARM_START is marked when it really starts."""
 
-    def __init__(self, paths: list[Path], tl: Timeline, opts: "RestoreOptions | None" = None):
+    def __init__(self, paths: list[Path], tl: Timeline, opts: "RestoreOptions | None" = None, remap=None):
         import threading
 
         self.warmer = None
@@ -202,6 +261,8 @@ class _BackgroundWarm:
             if opts.warm_record not in ("auto", ""):
                 kw["record"] = opts.warm_record
             kw["rest"] = opts.warm_rest
+        if remap is not None:
+            kw["remap"] = remap
         self._t = threading.Thread(target=self._run, args=(paths, kw), name="coldstart-warm", daemon=True)
         self._t.start()
 
@@ -262,26 +323,29 @@ def warm_paths(snap: Path, m: Manifest) -> list[Path]:
     return paths
 
 
-def _start_warming(snap: Path, m: Manifest, tl: Timeline, opts: "RestoreOptions | None" = None) -> _BackgroundWarm | None:
+def _start_warming(snap: Path, m: Manifest, tl: Timeline, opts: "RestoreOptions | None" = None,
+                   remap=None) -> _BackgroundWarm | None:
     """Background page-cache warming of the pages images, then the weights file (warm stage); with a
-    recorded profile, its order, and the ranges of the libraries the restored server maps."""
+    recorded profile, its order, and the ranges of the libraries the restored server maps (``remap``:
+    where those are seen from here, e.g. in a runtime mounted elsewhere)."""
     if importlib.util.find_spec("coldstart.warm") is None:
         return None
-    return _BackgroundWarm(warm_paths(snap, m), tl, opts)
+    return _BackgroundWarm(warm_paths(snap, m), tl, opts, remap)
 
 
-def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) -> RestoreResult:
+def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say, rt: Runtime | None = None) -> RestoreResult:
     """The phases, in order; each marks its timeline event and raises RestoreFailed naming the
     problem. ``undo`` unwinds what the phases started if a later one fails."""
     with contextlib.ExitStack() as undo:
-        criu, mmap = _validate(snap, m, opts, tl, say)
+        criu, mmap = _validate(snap, m, opts, tl, say, rt)
         st = _place_state(snap, m, opts, undo)
         # Every program this process runs is started before its threads: an exec from a vfork'd
         # child while other threads ran failed once in ~120 restores ("Bad address").
-        popen = _criu_start(criu, mmap, snap, m, st, tl, undo)
+        popen = _criu_start(criu, mmap, snap, m, st, tl, undo, rt)
         checks = _start_verify(snap, m, opts, tl)
         try:
-            warmer = _start_warming(snap, m, tl, opts) if opts.warm and opts.warm_mode != "off" else None
+            warmer = (_start_warming(snap, m, tl, opts, rt.remap if rt is not None else None)
+                      if opts.warm and opts.warm_mode != "off" else None)
             if warmer is not None:
                 undo.callback(warmer.cancel)
             eng = _criu_wait(popen, snap, m, st, tl, undo, opts.timeout)
@@ -309,7 +373,8 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) -
                          manifest=m, text=text, forwarder=fwd, state=st)
 
 
-def _validate(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) -> tuple[str, bool]:
+def _validate(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say,
+              rt: Runtime | None = None) -> tuple[str, bool]:
     """The manifest against this host: every problem named at once; warnings go to the timeline.
     Returns the criu binary and whether it maps pages (our patch)."""
     problems: list[str] = []
@@ -318,9 +383,10 @@ def _validate(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say) 
     except ColdstartError as e:
         criu = None
         problems.append(f"criu: {e}")
-    host = hostfacts.collect(criu)
+    host = hostfacts.collect(criu, runtime=(rt.at, rt.tree) if rt is not None else None)
     warnings: list[str] = []
-    problems += [p for p in validate_against_host(m, snap, host=host, verify=False, warnings=warnings)
+    problems += [p for p in validate_against_host(m, snap, host=host, verify=False, warnings=warnings,
+                                                  remap=rt.remap if rt is not None else None)
                  if not (criu is None and p.startswith("criu:"))]
     if criu is not None and any(w.startswith("kernel:") for w in warnings):
         bad = _criu.kernel_check(criu)  # another kernel build: it must still have what CRIU needs
@@ -449,7 +515,7 @@ def _claim_port(addr: str, port: int):
 
 
 def _criu_start(criu: str, mmap: bool, snap: Path, m: Manifest, st: RestoreState, tl: Timeline,
-                undo: contextlib.ExitStack) -> subprocess.Popen:
+                undo: contextlib.ExitStack, rt: Runtime | None = None) -> subprocess.Popen:
     """Start CRIU restoring the tree in its namespaces (netns.wrap_argv)."""
     argv = _criu.restore_argv(criu, snap / "criu", st.criu_dir, mmap_pages=mmap)
     shm = {snap / "shm" / n: m.shm_modes.get(n, 0o600) for n in m.shm_files if (snap / "shm" / n).exists()}
@@ -457,7 +523,8 @@ def _criu_start(criu: str, mmap: bool, snap: Path, m: Manifest, st: RestoreState
         shm.update({p: m.shm_modes.get(p.name, 0o600) for p in sorted((snap / "link-remaps").iterdir())})
     argv = wrap_argv(argv, run_lower=snap / "run", run_upper=st.dir / "run-upper", run_work=st.dir / "run-work",
                      run_at=m.run_dir, shm=shm, private_net=st.net == "private",
-                     run_modes={rel: m.files[f"run/{rel}"].mode for rel in m.run_files if f"run/{rel}" in m.files})
+                     run_modes={rel: m.files[f"run/{rel}"].mode for rel in m.run_files if f"run/{rel}" in m.files},
+                     binds={rt.tree: rt.at} if rt is not None else None)
     tl.mark(EventName.RESTORE_ISSUED, mmap_pages=mmap, net=st.net)
     env = dict(os.environ, COLDSTART_RESTORED_FILE=str(st.dir / "restored"))
     with open(st.dir / "criu.stderr", "w") as errf:  # the child keeps its own copy of the fd

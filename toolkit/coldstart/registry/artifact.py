@@ -44,6 +44,7 @@ CHUNK = 1 << 20  # as Nydus: small enough that a random read fetches little, lar
 PACK = 64 << 20  # a pack is one blob: a few of them cover what a restore reads first
 READ = 8 << 20
 SMALL = 1 << 20  # files up to this size are read whole by a restore (CRIU's images, the manifest): first
+RUNTIME_KIND = "coldstart.runtime"
 
 Say = Callable[[str], None]
 
@@ -85,7 +86,8 @@ class Index:
     packs: list[Pack]
     profiled: int = 0  # the first ``profiled`` chunks are what the access profile (or small files) named
     version: int = INDEX_VERSION
-    kind: str = "coldstart.tree"
+    kind: str = "coldstart.tree"  # or RUNTIME_KIND
+    prefix: str = ""  # a runtime: the absolute path its server was checkpointed with it at (where it is mounted)
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True).encode()
@@ -100,7 +102,8 @@ class Index:
             return cls(chunk_size=int(d["chunk_size"]), entries=[Entry(**e) for e in d["entries"]],
                        chunks=[Chunk(**c) for c in d["chunks"]],
                        packs=[Pack(p["digest"], int(p["size"]), tuple(p["chunks"])) for p in d["packs"]],
-                       profiled=int(d.get("profiled", 0)), version=d["version"], kind=str(d.get("kind", "")))
+                       profiled=int(d.get("profiled", 0)), version=d["version"], kind=str(d.get("kind", "")),
+                       prefix=str(d.get("prefix", "")))
         except (ValueError, KeyError, TypeError) as e:
             raise ArtifactError(f"malformed artifact index ({type(e).__name__}: {e})") from None
 
@@ -206,11 +209,14 @@ def shipped_profile(root: Path) -> dict[str, bytes]:
 
 
 def build_index(root: Path, *, chunk_size: int = CHUNK, pack_size: int = PACK, say: Say = lambda s: None,
-                extra: dict[str, bytes] | None = None) -> Index:
+                extra: dict[str, bytes] | None = None, ranges: list[tuple[str, int, int]] | None = None,
+                small_first: bool = True) -> Index:
     """Chunk and hash every file (BLAKE3, threads: the hash releases the GIL), then order the chunks:
-    small files, the profile's ranges, the rest; cut into packs. Pack digests come later (pack_digests).
+    small files (``small_first``), the profile's ranges (``ranges``, default the tree's own profile),
+    the rest; cut into packs. Pack digests come later (pack_digests).
     ``extra``: files published with the tree that are not in it (relative path -> bytes)."""
     root = Path(root)
+    ranges = _first_ranges(root) if ranges is None else ranges
     extra = extra or {}
     entries = sorted(_walk(root) + [Entry(rel, "file", 0o644, size=len(b)) for rel, b in extra.items()],
                      key=lambda e: e.path)
@@ -246,10 +252,11 @@ def build_index(root: Path, *, chunk_size: int = CHUNK, pack_size: int = PACK, s
             seen.add((path, k))
             order.append((path, k))
 
-    for e in sorted((e for e in files if e.size <= SMALL), key=lambda e: (e.path != "manifest.json", e.path)):
+    for e in sorted((e for e in files if e.size <= SMALL and small_first),
+                    key=lambda e: (e.path != "manifest.json", e.path)):
         for k in range(len(per_file[e.path])):
             want(e.path, k)
-    for path, off, length in _first_ranges(root):
+    for path, off, length in ranges:
         for k in range(off // chunk_size, (off + max(length, 1) - 1) // chunk_size + 1):
             want(path, k)
     profiled_keys = len(order)
@@ -345,18 +352,62 @@ def manifest_for(index_blob: bytes, index: Index, annotations: dict[str, str] | 
     return json.dumps(m, separators=(",", ":"), sort_keys=True).encode()
 
 
+def runtime_ranges(tree: Path, snapshot: Path) -> list[tuple[str, int, int]]:
+    """The ranges of ``tree``'s files (relative to it) that ``snapshot``'s access profile names, in
+    first-needed order: what its restored server maps from the runtime before its first token."""
+    try:
+        from coldstart.warm.profile import load_profile
+        from coldstart.warm.snapshot import resolve_profile
+
+        p = resolve_profile(Path(snapshot))
+        prof = load_profile(p) if p is not None else None
+    except (ColdstartError, OSError, ImportError):
+        prof = None
+    if prof is None:
+        return []
+    root = os.path.realpath(tree) + os.sep
+    out = []
+    for r in prof.ranges:
+        if os.path.isabs(r.file) and r.file.startswith(root):
+            out.append((r.file[len(root):], r.offset, r.length))
+    return out
+
+
+def push_runtime(tree: Path, snapshot: Path, ref: str, **kw) -> PushResult:
+    """Publish the runtime ``tree`` (the venv ``snapshot``'s server runs from) so that a restore can
+    mount it lazily at the same path: its chunks in the order that server first maps them, then the
+    rest (fetched only on demand: a restore reads a few percent of a venv)."""
+    from coldstart.pipeline.manifest import read_manifest
+
+    tree = Path(tree)
+    m = read_manifest(Path(snapshot))
+    prefix = m.host.get("sys_prefix", "")
+    if not prefix or os.path.realpath(prefix) != os.path.realpath(tree):
+        raise ArtifactError(f"{tree} is not the runtime of {snapshot}: its server ran from {prefix or '(not recorded)'}")
+    ranges = runtime_ranges(tree, Path(snapshot))
+    if not ranges:
+        raise ArtifactError(f"{snapshot} has no access profile naming files of {tree}: restore it once on this "
+                            "node (the restore records one), then push the runtime")
+    # the real path: what the server's mappings name, and so where a restore must find the files again
+    return push(tree, ref, ranges=ranges, small_first=False, kind=RUNTIME_KIND, prefix=os.path.realpath(tree),
+                profile=False, **kw)
+
+
 def push(root: Path, ref: str, *, chunk_size: int = CHUNK, pack_size: int = PACK, threads: int = 4,
-         say: Say = lambda s: None) -> PushResult:
-    """Publish ``root`` as ``ref`` (with the node's recorded access profile: shipped_profile). Blobs
-    the repository already has are not sent again."""
+         say: Say = lambda s: None, ranges: list[tuple[str, int, int]] | None = None, small_first: bool = True,
+         kind: str = "coldstart.tree", prefix: str = "", profile: bool = True) -> PushResult:
+    """Publish ``root`` as ``ref`` (``profile``: with the node's recorded access profile:
+    shipped_profile). Blobs the repository already has are not sent again."""
     t0 = time.monotonic()
     root = Path(root)
     if not root.is_dir():
         raise ArtifactError(f"{root}: no such directory")
     r = Ref.parse(ref)
     reg = Registry(r)
-    extra = shipped_profile(root)
-    index = build_index(root, chunk_size=chunk_size, pack_size=pack_size, say=say, extra=extra)
+    extra = shipped_profile(root) if profile else {}
+    index = build_index(root, chunk_size=chunk_size, pack_size=pack_size, say=say, extra=extra, ranges=ranges,
+                        small_first=small_first)
+    index.kind, index.prefix = kind, prefix
     pack_digests(root, index, extra=extra)
     index_blob = index.to_bytes()
     src = _chunk_source(index)
@@ -388,6 +439,16 @@ def push(root: Path, ref: str, *, chunk_size: int = CHUNK, pack_size: int = PACK
 
 def fetch_index(reg: Registry) -> tuple[Index, str, dict]:
     """The manifest (by the ref's tag or digest) and the verified index blob it names."""
+    raw, mdigest, m = fetch_index_blob(reg)
+    index = Index.from_bytes(raw)
+    if [p.digest for p in index.packs] != [layer["digest"] for layer in m["layers"][1:]]:
+        raise ArtifactError(f"{reg.ref}: the manifest's packs differ from the index's")
+    return index, mdigest, m
+
+
+def fetch_index_blob(reg: Registry) -> tuple[bytes, str, dict]:
+    """The manifest and the index blob it names, verified (sha256) but not parsed: a runtime's index
+    is ~20 MB of JSON for 63 k files, which the mount hands to the daemon as it is."""
     body, mdigest = reg.get_manifest()
     try:
         m = json.loads(body)
@@ -399,10 +460,7 @@ def fetch_index(reg: Registry) -> tuple[Index, str, dict]:
     raw = reg.get_blob(layers[0]["digest"])
     if sha256_digest(raw) != layers[0]["digest"]:
         raise ArtifactError(f"{reg.ref}: the index blob does not match its digest")
-    index = Index.from_bytes(raw)
-    if [p.digest for p in index.packs] != [layer["digest"] for layer in layers[1:]]:
-        raise ArtifactError(f"{reg.ref}: the manifest's packs differ from the index's")
-    return index, mdigest, m
+    return raw, mdigest, m
 
 
 def pull(ref: str, dest: Path, *, threads: int = 4, say: Say = lambda s: None) -> PullResult:
@@ -498,4 +556,4 @@ def _materialize(index: Index, reg: Registry, stage: Path, threads: int, say: Sa
 
 
 __all__ = ["ARTIFACT_TYPE", "Index", "PullResult", "PushResult", "RegistryError", "build_index", "fetch_index",
-           "pull", "push"]
+           "fetch_index_blob", "pull", "push", "push_runtime"]

@@ -17,13 +17,26 @@ def push_command(
     chunk_kib: int = typer.Option(1024, "--chunk-kib", help="chunk size: the unit a lazy read fetches and verifies"),
     pack_mib: int = typer.Option(64, "--pack-mib", help="pack size: chunks are stored in blobs of about this size"),
     threads: int = typer.Option(4, "--threads", help="parallel blob uploads"),
+    runtime_of: Path | None = typer.Option(
+        None, "--runtime-of", help="TREE is the runtime (the venv with torch and vLLM) that this snapshot's server "
+                                   "runs from: its chunks are ordered by what that server maps from TREE (the "
+                                   "snapshot's access profile), and `coldstart restore --runtime REF` mounts it "
+                                   "lazily where the server expects it"),
 ) -> None:
     """Publish TREE as an OCI artifact: an index (file → BLAKE3-addressed chunks) and packs of chunks
     in first-access order (the access profile's). Blobs the registry already has are not sent again.
     A snapshot is verified against its manifest's digests first: what a mount or a pull of it then
     serves (every chunk checked against the index) is bytes that were verified.
     Credentials, if the registry asks: COLDSTART_REGISTRY_USER / COLDSTART_REGISTRY_PASSWORD."""
-    from coldstart.registry.artifact import push
+    from coldstart.registry.artifact import push, push_runtime
+
+    if runtime_of is not None:
+        res = push_runtime(tree, runtime_of, ref, chunk_size=chunk_kib << 10, pack_size=pack_mib << 20,
+                           threads=threads, say=_say)
+        _say(f"pushed the runtime {tree} as {res.ref}@{res.manifest_digest[:19]}: {res.uploaded}/{res.blobs} blobs "
+             f"uploaded ({res.uploaded_bytes / 2**20:.0f} of {res.total_bytes / 2**20:.0f} MiB) in {res.seconds:.1f} s")
+        typer.echo(json.dumps({**res.__dict__}))
+        return
 
     if (tree / "manifest.json").is_file():  # a snapshot: publish only bytes that match its digests
         from coldstart.pipeline import integrity
@@ -53,8 +66,9 @@ def pull_command(
 def mount_command(
     ref: str = typer.Argument(..., help="host[:port]/repo[:tag][@sha256:...]"),
     mountpoint: Path = typer.Argument(..., help="directory to mount on (created if missing)"),
-    prefetch: bool = typer.Option(True, "--prefetch/--no-prefetch",
-                                  help="fetch every chunk in first-access order from the start (reads that miss go first)"),
+    prefetch: str = typer.Option("all", "--prefetch",
+                                 help="all: fetch every chunk in first-access order from the start (reads that miss "
+                                      "go first); profiled: only the chunks the access profile names; none"),
     threads: int = typer.Option(8, "--threads", help="the daemon's fetch workers"),
     timeout_s: float = typer.Option(30.0, "--timeout-s", help="per registry request; a read past it fails with EIO"),
     cache_max_mib: int | None = typer.Option(

@@ -50,6 +50,8 @@ class Mount:
     log: Path
     proc: subprocess.Popen | None = None
     made_dir: bool = False  # the mount point was created for this mount (removed at unmount)
+    kind: str = ""  # the index's kind: a tree (a snapshot) or a runtime (artifact.RUNTIME_KIND)
+    prefix: str = ""  # a runtime: the path its server was checkpointed with it at
 
     def unmount(self, timeout: float = 10.0) -> None:
         """Unmount and wait for the daemon to exit (it keeps serving until then: a restored process
@@ -79,28 +81,46 @@ def _alive(pid: int, proc: subprocess.Popen | None) -> bool:
         return False
 
 
-def mount(ref: str, mountpoint: Path, *, prefetch: bool | None = None, threads: int = 8, timeout_s: float = 30.0,
-          ready_timeout: float = 15.0, cache_max_bytes: int | None = None) -> Mount:
+PREFETCH = ("all", "profiled", "none")
+
+
+def mount(ref: str, mountpoint: Path, *, prefetch: bool | str | None = None, threads: int = 8,
+          timeout_s: float = 30.0, ready_timeout: float = 15.0, cache_max_bytes: int | None = None) -> Mount:
     """Mount ``ref`` at ``mountpoint`` (created if missing) and return once it serves. The daemon runs
-    in its own session: it outlives the caller until ``unmount``. ``prefetch`` None: on unless
-    COLDSTART_LAZY_PREFETCH=none (the restore entrypoint has no flag for it). ``cache_max_bytes``: the
-    node cache's bound, kept by this daemon (None: COLDSTART_LAZY_CACHE_MAX_BYTES, unset or 0 = none)."""
-    from coldstart.registry.artifact import fetch_index  # (requests: not on the entrypoint's path)
+    in its own session: it outlives the caller until ``unmount``. ``prefetch``: "all" (every chunk, in
+    first-access order), "profiled" (only the chunks the access profile names: a runtime tree, of
+    which a restore reads a few percent), "none"; True/False = all/none; None = COLDSTART_LAZY_PREFETCH
+    or all (the restore entrypoint has no flag for it). ``cache_max_bytes``: the node cache's bound,
+    kept by this daemon (None: COLDSTART_LAZY_CACHE_MAX_BYTES, unset or 0 = none)."""
+    import json
+
+    from coldstart.registry.artifact import ArtifactError, fetch_index_blob  # (requests: not on the entrypoint's path)
     from coldstart.registry.distribution import Ref, Registry
 
     if prefetch is None:
-        prefetch = os.environ.get("COLDSTART_LAZY_PREFETCH", "all") != "none"
+        prefetch = os.environ.get("COLDSTART_LAZY_PREFETCH") or "all"
+    prefetch = {True: "all", False: "none"}.get(prefetch, prefetch) if isinstance(prefetch, bool) else prefetch
+    if prefetch not in PREFETCH:
+        raise ColdstartError(f"prefetch {prefetch!r}: expected one of {', '.join(PREFETCH)}")
     if cache_max_bytes is None:
         cache_max_bytes = int(os.environ.get("COLDSTART_LAZY_CACHE_MAX_BYTES") or 0)
     r = Ref.parse(ref)
     reg = Registry(r)
-    index, mdigest, _ = fetch_index(reg)
+    raw, mdigest, manifest = fetch_index_blob(reg)  # (the daemon parses it; here only what the caller needs)
+    try:
+        head = json.loads(raw)
+        kind, prefix = str(head.get("kind", "")), str(head.get("prefix", ""))
+        packs_ok = [p["digest"] for p in head["packs"]] == [la["digest"] for la in manifest["layers"][1:]]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ArtifactError(f"{ref}: malformed artifact index ({type(e).__name__}: {e})") from None
+    if not packs_ok:
+        raise ArtifactError(f"{ref}: the manifest's packs differ from the index's")
     cache = cache_dir()
     (cache / "indexes").mkdir(parents=True, exist_ok=True)
     idx = cache / "indexes" / f"{mdigest.split(':', 1)[1]}.json"
     if not idx.exists():
         tmp = idx.with_name(f".{idx.name}.{os.getpid()}")
-        tmp.write_bytes(index.to_bytes())
+        tmp.write_bytes(raw)
         os.replace(tmp, idx)
     mountpoint = Path(mountpoint)
     made = not mountpoint.exists()
@@ -113,7 +133,7 @@ def mount(ref: str, mountpoint: Path, *, prefetch: bool | None = None, threads: 
     ready = logs / f".ready-{os.getpid()}-{time.monotonic_ns()}"
     argv = [daemon_binary(), "--index", str(idx), "--registry", f"{r.scheme}://{r.host}", "--repo", r.repo,
             "--cache", str(cache), "--cache-max-bytes", str(cache_max_bytes), "--mountpoint", str(mountpoint),
-            "--prefetch", "all" if prefetch else "none",
+            "--prefetch", prefetch,
             "--threads", str(threads), "--timeout-s", str(int(timeout_s)), "--ready-file", str(ready),
             "--log-file", str(log)]
     if os.environ.get("COLDSTART_LAZY_READ_AHEAD_KB"):  # sparse faults (a restore) fetch less with less
@@ -126,7 +146,7 @@ def mount(ref: str, mountpoint: Path, *, prefetch: bool | None = None, threads: 
     while time.monotonic() < end:
         if ready.exists():
             ready.unlink(missing_ok=True)
-            return Mount(mountpoint, proc.pid, mdigest, log, proc, made)
+            return Mount(mountpoint, proc.pid, mdigest, log, proc, made, kind, prefix)
         if proc.poll() is not None:
             err = (proc.stderr.read() or b"").decode(errors="replace").strip().splitlines()
             raise ColdstartError(f"{DAEMON} exited with {proc.returncode}: {err[-1] if err else 'no message'}")
