@@ -110,3 +110,22 @@ def test_refs_parse():
     assert (r.host, r.repo, r.tag, r.scheme) == ("127.0.0.1:5000", "a/b", "v1", "http")
     assert Ref.parse("registry.example.com/x").scheme == "https"
     assert Ref.parse("localhost:5000/x@sha256:" + "0" * 64).reference == "sha256:" + "0" * 64
+
+
+def test_pull_of_more_files_than_the_descriptor_limit(registry, tmp_path):
+    """A runtime tree (a venv: 63 k files) has more files than a process may hold open at once."""
+    import resource
+
+    root = tmp_path / "many"
+    root.mkdir()
+    for i in range(300):
+        (root / f"f{i:03}.py").write_text(f"x = {i}\n" * (i + 1))
+    ref = f"{registry.host}/t/many:v1"
+    artifact.push(root, ref, **SMALL)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard))
+    try:
+        out = artifact.pull(ref, tmp_path / "pulled").dir
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    same_tree(root, out)

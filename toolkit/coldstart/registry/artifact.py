@@ -497,7 +497,6 @@ def _materialize(index: Index, reg: Registry, stage: Path, threads: int, say: Sa
             with open(p, "wb") as f:
                 f.truncate(e.size)
     locs = index.locations()
-    fds: dict[str, int] = {e.path: os.open(stage / e.path, os.O_WRONLY) for e in index.entries if e.type == "file"}
     done, total, lock, t0 = [0], index.bytes, threading.Lock(), time.monotonic()
     local = threading.local()
 
@@ -515,8 +514,12 @@ def _materialize(index: Index, reg: Registry, stage: Path, threads: int, say: Sa
                 del buf[:c.size]
                 if _blake3(data) != c.digest:
                     raise ArtifactError(f"{reg.ref}: chunk {ci} ({c.digest[:23]}) of pack {p.digest[:19]} is corrupt")
-                for e, off in locs.get(ci, ()):
-                    os.pwrite(fds[e.path], data, off)
+                for e, off in locs.get(ci, ()):  # (opened per write: a venv has 63 k files, over any fd limit)
+                    fd = os.open(stage / e.path, os.O_WRONLY)
+                    try:
+                        os.pwrite(fd, data, off)
+                    finally:
+                        os.close(fd)
                 ci += 1
                 with lock:
                     done[0] += c.size
@@ -538,8 +541,6 @@ def _materialize(index: Index, reg: Registry, stage: Path, threads: int, say: Sa
                 f.result()
     finally:
         stop.set()
-        for fd in fds.values():
-            os.close(fd)
     for e in index.entries:
         p = stage / e.path
         if e.type == "symlink":
