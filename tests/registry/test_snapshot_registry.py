@@ -19,10 +19,19 @@ def test_pulled_snapshot_restores_and_serves(registry, tiny_snapshot, tmp_path, 
     res = artifact.push(tiny_snapshot.out, ref)
     assert res.uploaded == res.blobs
     monkeypatch.setenv("COLDSTART_NODE_DIR", str(tmp_path / "node"))  # nothing verified on this "node"
-    out = artifact.pull(ref, tmp_path / "pulled").dir
+    import subprocess
+    import sys
+
+    out = tmp_path / "pulled"
+    p = subprocess.run([sys.executable, "-m", "coldstart", "pull", ref, str(out)], capture_output=True, text=True,
+                       env=dict(os.environ))
+    assert p.returncode == 0, p.stderr[-500:]
     r = restore(RestoreOptions(snapshot=out, fallback=False, port=free_port()), say=lambda s: None)
     try:
         assert r.restored and r.canary_ok, r.fallback_reason
+        # the pull checked the snapshot against its manifest and recorded it: the restore hashes nothing
+        v = r.timeline.get("VERIFIED").attrs
+        assert v["checked"] == 0 and v["skipped"] > 0, v
         m = tiny_snapshot.manifest
         got = EngineClient(r.base_url, timeout=300).complete(m.canary.prompt, max_tokens=4, seed=0)
         assert got.token_ids[:1] == m.canary.token_ids[:1]
@@ -72,6 +81,7 @@ def test_restore_with_its_runtime_from_the_registry(registry, tiny_snapshot, tmp
     from pathlib import Path
 
     from coldstart.errors import ColdstartError
+    from coldstart.registry.cli import runtime_ranges_of
     from coldstart.registry.mount import as_reference
 
     venv = Path(os.path.realpath(sys.prefix))
@@ -83,7 +93,7 @@ def test_restore_with_its_runtime_from_the_registry(registry, tiny_snapshot, tmp
     snap_ref = f"{registry.host}/snapshots/tiny-rt:v1"
     rt_ref = f"{registry.host}/runtimes/tiny:v1"
     artifact.push(tiny_snapshot.out, snap_ref)
-    pushed = artifact.push_runtime(venv, tiny_snapshot.out, rt_ref)
+    pushed = artifact.push_runtime(venv, rt_ref, runtime_ranges_of(venv, tiny_snapshot.out))
     assert as_reference(rt_ref) == rt_ref
 
     monkeypatch.setenv("COLDSTART_NODE_DIR", str(tmp_path / "node"))  # the fresh node

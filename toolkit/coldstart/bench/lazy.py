@@ -164,6 +164,7 @@ def run_bench(cases: list[tuple[str, Path]], rates: list[float], reps: int, work
     ``runtime``: the venv the snapshots' servers run from, pushed too (`push --runtime-of`): the
     emulated node then has neither the snapshot nor the runtime (see one_start)."""
     from coldstart.registry import artifact, link, server
+    from coldstart.registry.cli import runtime_ranges_of
     from coldstart.registry.distribution import Ref, Registry
 
     rows: list[dict] = []
@@ -188,7 +189,7 @@ def run_bench(cases: list[tuple[str, Path]], rates: list[float], reps: int, work
                     rt_ref = ""
                     if runtime is not None:
                         rt_ref = f"http://{L.addr}:5000/runtimes/{size}:bench"
-                        pr = artifact.push_runtime(runtime, snap, rt_ref)
+                        pr = artifact.push_runtime(runtime, rt_ref, runtime_ranges_of(runtime, snap))
                         index, _, _ = artifact.fetch_index(Registry(Ref.parse(rt_ref)))
                         rows.append({"size": size, "rate_gbit": rate, "method": "runtime-artifact",
                                      "bytes": index.bytes, "chunks": len(index.chunks),

@@ -373,21 +373,13 @@ def runtime_ranges(tree: Path, snapshot: Path) -> list[tuple[str, int, int]]:
     return out
 
 
-def push_runtime(tree: Path, snapshot: Path, ref: str, **kw) -> PushResult:
-    """Publish the runtime ``tree`` (the venv ``snapshot``'s server runs from) so that a restore can
-    mount it lazily at the same path: its chunks in the order that server first maps them, then the
-    rest (fetched only on demand: a restore reads a few percent of a venv)."""
-    from coldstart.pipeline.manifest import read_manifest
-
-    tree = Path(tree)
-    m = read_manifest(Path(snapshot))
-    prefix = m.host.get("sys_prefix", "")
-    if not prefix or os.path.realpath(prefix) != os.path.realpath(tree):
-        raise ArtifactError(f"{tree} is not the runtime of {snapshot}: its server ran from {prefix or '(not recorded)'}")
-    ranges = runtime_ranges(tree, Path(snapshot))
+def push_runtime(tree: Path, ref: str, ranges: list[tuple[str, int, int]], **kw) -> PushResult:
+    """Publish the runtime ``tree`` (the venv a snapshot's server runs from) so that a restore can
+    mount it lazily at the same path: ``ranges`` (runtime_ranges: what that server maps first) lead,
+    the rest follows (fetched only on demand: a restore reads a few percent of a venv)."""
     if not ranges:
-        raise ArtifactError(f"{snapshot} has no access profile naming files of {tree}: restore it once on this "
-                            "node (the restore records one), then push the runtime")
+        raise ArtifactError(f"no access profile names files of {tree}: restore the snapshot once on this node "
+                            "(the restore records one), then push its runtime")
     # the real path: what the server's mappings name, and so where a restore must find the files again
     return push(tree, ref, ranges=ranges, small_first=False, kind=RUNTIME_KIND, prefix=os.path.realpath(tree),
                 profile=False, **kw)

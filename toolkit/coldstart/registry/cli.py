@@ -11,6 +11,21 @@ def _say(msg: str) -> None:
     typer.echo(msg, err=True)
 
 
+def runtime_ranges_of(tree: Path, snapshot: Path) -> list[tuple[str, int, int]]:
+    """The order to publish runtime ``tree`` in for ``snapshot``: the ranges of its files the snapshot's
+    server mapped first. Refuses a tree the server did not run from."""
+    import os
+
+    from coldstart.errors import ColdstartError
+    from coldstart.pipeline.manifest import read_manifest
+    from coldstart.registry.artifact import runtime_ranges
+
+    prefix = read_manifest(Path(snapshot)).host.get("sys_prefix", "")
+    if not prefix or os.path.realpath(prefix) != os.path.realpath(tree):
+        raise ColdstartError(f"{tree} is not the runtime of {snapshot}: its server ran from {prefix or '(not recorded)'}")
+    return runtime_ranges(Path(tree), Path(snapshot))
+
+
 def push_command(
     tree: Path = typer.Argument(..., help="snapshot directory (or any read-mostly tree, e.g. a venv)"),
     ref: str = typer.Argument(..., help="host[:port]/repo[:tag]; loopback registries use plain HTTP"),
@@ -31,8 +46,8 @@ def push_command(
     from coldstart.registry.artifact import push, push_runtime
 
     if runtime_of is not None:
-        res = push_runtime(tree, runtime_of, ref, chunk_size=chunk_kib << 10, pack_size=pack_mib << 20,
-                           threads=threads, say=_say)
+        res = push_runtime(tree, ref, runtime_ranges_of(tree, runtime_of), chunk_size=chunk_kib << 10,
+                           pack_size=pack_mib << 20, threads=threads, say=_say)
         _say(f"pushed the runtime {tree} as {res.ref}@{res.manifest_digest[:19]}: {res.uploaded}/{res.blobs} blobs "
              f"uploaded ({res.uploaded_bytes / 2**20:.0f} of {res.total_bytes / 2**20:.0f} MiB) in {res.seconds:.1f} s")
         typer.echo(json.dumps({**res.__dict__}))
@@ -56,10 +71,18 @@ def pull_command(
     threads: int = typer.Option(4, "--threads", help="parallel pack downloads"),
 ) -> None:
     """Download REF into DEST: every chunk checked against its BLAKE3 digest and every pack against its
-    sha256; DEST appears only once all of it is verified and on disk."""
+    sha256; DEST appears only once all of it is verified and on disk. A snapshot is then checked
+    against its manifest's digests too, and this node records it (its first restore skips the check)."""
     from coldstart.registry.artifact import pull
 
     res = pull(ref, dest, threads=threads, say=_say)
+    if (res.dir / "manifest.json").is_file():
+        # a snapshot: check it against its own manifest now, while it is in the page cache, so that this
+        # node's record lets its first restore skip the full check (integrity.py)
+        from coldstart.pipeline import integrity
+        from coldstart.pipeline.manifest import read_manifest
+
+        integrity.verify(res.dir, read_manifest(res.dir).files, mode="full")
     typer.echo(json.dumps({**res.__dict__, "dir": str(res.dir)}))
 
 
