@@ -93,12 +93,9 @@ class Index:
         return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True).encode()
 
     @classmethod
-    def from_bytes(cls, raw: bytes) -> "Index":
+    def from_dict(cls, d: dict) -> "Index":
+        """From a parsed index (_index_dict: its version checked)."""
         try:
-            d = json.loads(raw)
-            if d.get("version") != INDEX_VERSION:
-                raise ArtifactError(f"artifact index version {d.get('version')!r} is not {INDEX_VERSION} "
-                                    "(pushed by another coldstart version)")
             return cls(chunk_size=int(d["chunk_size"]), entries=[Entry(**e) for e in d["entries"]],
                        chunks=[Chunk(**c) for c in d["chunks"]],
                        packs=[Pack(p["digest"], int(p["size"]), tuple(p["chunks"])) for p in d["packs"]],
@@ -171,20 +168,23 @@ def _walk(root: Path) -> list[Entry]:
     return sorted(out, key=lambda e: e.path)
 
 
-def _first_ranges(root: Path) -> list[tuple[str, int, int]]:
-    """The access profile's ranges (file relative to root, offset, length), first-needed first: the
-    snapshot's own profile.json, else the one this node recorded for it; [] without one."""
+def _profile_ranges(snapshot: Path) -> list:
+    """The snapshot's access profile's ranges, first-needed first: its own profile.json, else the one
+    this node recorded for it; [] without one. Files in the snapshot are relative to it, the ones its
+    server maps from elsewhere (libraries) absolute."""
     try:
         from coldstart.warm.profile import load_profile
         from coldstart.warm.snapshot import resolve_profile
 
-        p = resolve_profile(root)
-        if p is None:
-            return []
-        prof = load_profile(p)
+        p = resolve_profile(Path(snapshot))
+        return list(load_profile(p).ranges) if p is not None else []
     except (ColdstartError, OSError, ImportError):
         return []
-    return [(r.file, r.offset, r.length) for r in prof.ranges if not os.path.isabs(r.file)]
+
+
+def _first_ranges(root: Path) -> list[tuple[str, int, int]]:
+    """The access profile's ranges of the snapshot's own files (relative to root, offset, length)."""
+    return [(r.file, r.offset, r.length) for r in _profile_ranges(root) if not os.path.isabs(r.file)]
 
 
 def profile_files(root: Path) -> list[str]:
@@ -355,22 +355,8 @@ def manifest_for(index_blob: bytes, index: Index, annotations: dict[str, str] | 
 def runtime_ranges(tree: Path, snapshot: Path) -> list[tuple[str, int, int]]:
     """The ranges of ``tree``'s files (relative to it) that ``snapshot``'s access profile names, in
     first-needed order: what its restored server maps from the runtime before its first token."""
-    try:
-        from coldstart.warm.profile import load_profile
-        from coldstart.warm.snapshot import resolve_profile
-
-        p = resolve_profile(Path(snapshot))
-        prof = load_profile(p) if p is not None else None
-    except (ColdstartError, OSError, ImportError):
-        prof = None
-    if prof is None:
-        return []
     root = os.path.realpath(tree) + os.sep
-    out = []
-    for r in prof.ranges:
-        if os.path.isabs(r.file) and r.file.startswith(root):
-            out.append((r.file[len(root):], r.offset, r.length))
-    return out
+    return [(r.file[len(root):], r.offset, r.length) for r in _profile_ranges(snapshot) if r.file.startswith(root)]
 
 
 def push_runtime(tree: Path, ref: str, ranges: list[tuple[str, int, int]], **kw) -> PushResult:
@@ -429,18 +415,29 @@ def push(root: Path, ref: str, *, chunk_size: int = CHUNK, pack_size: int = PACK
                       round(time.monotonic() - t0, 3))
 
 
+def _index_dict(raw: bytes) -> dict:
+    """An index blob parsed, its version checked."""
+    try:
+        d = json.loads(raw)
+        version = d.get("version")
+    except (ValueError, AttributeError) as e:
+        raise ArtifactError(f"malformed artifact index ({type(e).__name__}: {e})") from None
+    if version != INDEX_VERSION:
+        raise ArtifactError(f"artifact index version {version!r} is not {INDEX_VERSION} "
+                            "(pushed by another coldstart version)")
+    return d
+
+
 def fetch_index(reg: Registry) -> tuple[Index, str, dict]:
     """The manifest (by the ref's tag or digest) and the verified index blob it names."""
-    raw, mdigest, m = fetch_index_blob(reg)
-    index = Index.from_bytes(raw)
-    if [p.digest for p in index.packs] != [layer["digest"] for layer in m["layers"][1:]]:
-        raise ArtifactError(f"{reg.ref}: the manifest's packs differ from the index's")
-    return index, mdigest, m
+    _, d, mdigest, m = fetch_index_blob(reg)
+    return Index.from_dict(d), mdigest, m
 
 
-def fetch_index_blob(reg: Registry) -> tuple[bytes, str, dict]:
-    """The manifest and the index blob it names, verified (sha256) but not parsed: a runtime's index
-    is ~20 MB of JSON for 63 k files, which the mount hands to the daemon as it is."""
+def fetch_index_blob(reg: Registry) -> tuple[bytes, dict, str, dict]:
+    """(index blob, the blob parsed, manifest digest, manifest): the blob verified (sha256), its
+    version and its packs checked against the manifest's layers. The blob as fetched is what the
+    mount hands to the daemon (a runtime's index is ~20 MB of JSON for 63 k files: no dataclasses)."""
     body, mdigest = reg.get_manifest()
     try:
         m = json.loads(body)
@@ -452,7 +449,14 @@ def fetch_index_blob(reg: Registry) -> tuple[bytes, str, dict]:
     raw = reg.get_blob(layers[0]["digest"])
     if sha256_digest(raw) != layers[0]["digest"]:
         raise ArtifactError(f"{reg.ref}: the index blob does not match its digest")
-    return raw, mdigest, m
+    d = _index_dict(raw)
+    try:
+        packs_ok = [p["digest"] for p in d["packs"]] == [layer["digest"] for layer in layers[1:]]
+    except (KeyError, TypeError) as e:
+        raise ArtifactError(f"malformed artifact index ({type(e).__name__}: {e})") from None
+    if not packs_ok:
+        raise ArtifactError(f"{reg.ref}: the manifest's packs differ from the index's")
+    return raw, d, mdigest, m
 
 
 def pull(ref: str, dest: Path, *, threads: int = 4, say: Say = lambda s: None) -> PullResult:

@@ -82,7 +82,13 @@ def pull_command(
         from coldstart.pipeline import integrity
         from coldstart.pipeline.manifest import read_manifest
 
-        integrity.verify(res.dir, read_manifest(res.dir).files, mode="full")
+        try:
+            integrity.verify(res.dir, read_manifest(res.dir).files, mode="full")
+        except integrity.IntegrityError:  # published by a push that skipped that check: not kept
+            import shutil
+
+            shutil.rmtree(res.dir, ignore_errors=True)
+            raise
     typer.echo(json.dumps({**res.__dict__, "dir": str(res.dir)}))
 
 

@@ -92,9 +92,7 @@ def mount(ref: str, mountpoint: Path, *, prefetch: bool | str | None = None, thr
     which a restore reads a few percent), "none"; True/False = all/none; None = COLDSTART_LAZY_PREFETCH
     or all (the restore entrypoint has no flag for it). ``cache_max_bytes``: the node cache's bound,
     kept by this daemon (None: COLDSTART_LAZY_CACHE_MAX_BYTES, unset or 0 = none)."""
-    import json
-
-    from coldstart.registry.artifact import ArtifactError, fetch_index_blob  # (requests: not on the entrypoint's path)
+    from coldstart.registry.artifact import fetch_index_blob  # (requests: not on the entrypoint's path)
     from coldstart.registry.distribution import Ref, Registry
 
     if prefetch is None:
@@ -106,15 +104,8 @@ def mount(ref: str, mountpoint: Path, *, prefetch: bool | str | None = None, thr
         cache_max_bytes = int(os.environ.get("COLDSTART_LAZY_CACHE_MAX_BYTES") or 0)
     r = Ref.parse(ref)
     reg = Registry(r)
-    raw, mdigest, manifest = fetch_index_blob(reg)  # (the daemon parses it; here only what the caller needs)
-    try:
-        head = json.loads(raw)
-        kind, prefix = str(head.get("kind", "")), str(head.get("prefix", ""))
-        packs_ok = [p["digest"] for p in head["packs"]] == [la["digest"] for la in manifest["layers"][1:]]
-    except (ValueError, KeyError, TypeError) as e:
-        raise ArtifactError(f"{ref}: malformed artifact index ({type(e).__name__}: {e})") from None
-    if not packs_ok:
-        raise ArtifactError(f"{ref}: the manifest's packs differ from the index's")
+    raw, head, mdigest, _ = fetch_index_blob(reg)
+    kind, prefix = str(head.get("kind", "")), str(head.get("prefix", ""))
     cache = cache_dir()
     (cache / "indexes").mkdir(parents=True, exist_ok=True)
     idx = cache / "indexes" / f"{mdigest.split(':', 1)[1]}.json"
