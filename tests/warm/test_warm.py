@@ -654,6 +654,19 @@ def test_real_restore_records_mapped_libraries_then_next_restore_warms_them(tiny
     assert any(gone in r.getMessage() and "skipped" in r.getMessage() for r in caplog.records), \
         [r.getMessage() for r in caplog.records]
 
+    # warmed from outside (the host, for a container): the restore leaves the profile's ranges to it
+    # and warms only after its first token
+    from coldstart.pipeline.restore import HOST_WARMS_ENV
+
+    monkeypatch.setenv(HOST_WARMS_ENV, "1")
+    res = restore(RestoreOptions(snapshot=snap, fallback=False, net="auto", warm_mode="native", warm_record="off"))
+    try:
+        assert res.restored and res.canary_ok
+        ws = res.timeline.get(EventName.WARM_START)
+        assert ws is not None and ws.attrs["mode"].startswith("deferred"), ws
+    finally:
+        res.stop()
+
 
 def test_sampled_residency_tracks_the_page_cache(tmp_path):
     """The loader's cheap residency estimate: evicted -> 0, read -> 1, first half read -> about 1/2."""

@@ -81,7 +81,8 @@ def one_start(c, image: str, method: str, model: Path, snap: Path, layers: list[
     if method == "naive":
         ctr = run.create_naive(c, image, model, port)
     else:
-        ctr = run.create_restore(c, image, snap, model, port, env={"COLDSTART_T0": repr(wall0)})
+        ctr = run.create_restore(c, image, snap, model, port, env={"COLDSTART_T0": repr(wall0)},
+                                 host_warms=warmer is not None)
     row: dict = {"created_s": round(time.monotonic() - t0, 3)}
     try:
         ctr.start()
@@ -114,11 +115,15 @@ def disk_bandwidth(snap: Path) -> dict:
 
 
 def run_bench(c, image: str, cases: list[tuple[str, Path, Path]], *, reps: int, caches: tuple[str, ...],
-              say: Say = print, methods: tuple[str, ...] = ("naive", "restore", "restore+hostwarm")) -> list[dict]:
+              say: Say = print, methods: tuple[str, ...] = ("naive", "restore", "restore+hostwarm"),
+              naive_reps: int | None = None) -> list[dict]:
     """``cases``: (size name, model dir, snapshot dir). One record per (size, method, cache, rep);
     restore+hostwarm runs in cold cells only (with a warm cache it is the plain restore). The order of
     the methods turns around every repetition. Before them, per snapshot, one restore that is the
-    first on this node (row "first-on-node")."""
+    first on this node (row "first-on-node"). A warm restore cell follows one unmeasured restore of
+    the same snapshot (row "prewarm"): else whatever ran before it (a naive start, a dropped cache)
+    decides what "warm" holds. ``naive_reps``: repetitions of the naive start (minutes each for the
+    bench model), the first ones; default ``reps``."""
     from coldstart.containers.docker_api import image_layers
     from coldstart.bench.criu import drop_caches
     from coldstart.pipeline.integrity import NodeRecord
@@ -142,10 +147,15 @@ def run_bench(c, image: str, cases: list[tuple[str, Path, Path]], *, reps: int, 
     for rep in range(reps):
         for size, model, snap in cases:
             for cache in caches:
-                ms = [m for m in methods if not (m == "restore+hostwarm" and cache == "warm")]
+                ms = [m for m in methods if not (m == "restore+hostwarm" and cache == "warm")
+                      and not (m == "naive" and rep >= (reps if naive_reps is None else naive_reps))]
                 for method in (ms if rep % 2 == 0 else ms[::-1]):
                     if cache == "cold":
                         drop_caches()
+                    elif method == "restore":
+                        rows.append({"size": size, "method": "prewarm", "cache": cache, "rep": rep,
+                                     **one_start(c, image, method, model, snap, layers)})
+                        say(json.dumps(rows[-1]))
                     row = {"size": size, "method": method, "cache": cache, "rep": rep,
                            **one_start(c, image, method, model, snap, layers)}
                     rows.append(row)
@@ -199,6 +209,12 @@ def render(rows: list[dict], host: str, command: str) -> str:
         bound = max(warm, read_s)
         L.append(f"| {size} | {disk['gib_s']:.2f} | {nbytes / 2**30:.2f} | {read_s:.2f} | {warm:.2f} | {bound:.2f} "
                  f"| {hw:.2f} | **{hw / bound:.2f}x** | {fmt(cold)} |")
+    warm_reads = {size: _med([r for r in rows if r["size"] == size and r["method"] == "restore"
+                              and r.get("cache") == "warm"], "disk_read_bytes") for size in sizes}
+    if any(v is not None for v in warm_reads.values()):
+        L += ["", "Each warm restore followed one unmeasured restore of the same snapshot (rows \"prewarm\"); "
+              "it read from the disk (median): " + ", ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in warm_reads.items()
+                                                         if v is not None) + "."]
     errs = [r for r in rows if r.get("error")]
     if errs:
         L += ["", "Errors:"] + [f"- {r['size']} {r['method']} {r.get('cache', '')} rep {r.get('rep', '')}: "

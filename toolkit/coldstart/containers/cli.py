@@ -107,7 +107,7 @@ def restore_command(
         typer.echo(f"mounted {snapshot} at {snap} (lazy); `coldstart umount {snap}` once the container is gone",
                    err=True)
     warmer = run.host_warm(snap, layers) if host_warm else None
-    ctr = run.create_restore(c, img.tag, snap, model, port, name=name, env=env)
+    ctr = run.create_restore(c, img.tag, snap, model, port, name=name, env=env, host_warms=host_warm)
     ctr.start()
     _serve_container(ctr, port, t0, warmer)
 
@@ -138,6 +138,8 @@ def run_cold_command(
 def bench_container(
     sizes: str = typer.Option("tiny,bench", help="models (made by `coldstart model make-tiny` sizes)"),
     reps: int = typer.Option(3, help="repetitions per cell"),
+    naive_reps: Optional[int] = typer.Option(None, help="repetitions of the naive start (the first ones; "
+                                             "default --reps): minutes each for the bench model"),
     caches: str = typer.Option("warm,cold", help="page-cache states (cold: dropped before each start)"),
     work: Path = typer.Option(Path("/var/tmp/coldstart-bench-container"), help="where the snapshots are kept"),
     out: Path = typer.Option(Path("results/container"), help="results directory (raw.jsonl, table.md, COMMAND)"),
@@ -169,7 +171,8 @@ def bench_container(
             if res.exit_code != 0:
                 raise ColdstartError(f"checkpoint of {size} in a container failed: {res.logs.strip().splitlines()[-1:]}")
         cases.append((size, model, snap))
-    rows = cbench.run_bench(c, img.tag, cases, reps=reps, caches=tuple(x for x in caches.split(",") if x), say=say)
+    rows = cbench.run_bench(c, img.tag, cases, reps=reps, caches=tuple(x for x in caches.split(",") if x), say=say,
+                            naive_reps=naive_reps)
     h = hostfacts.collect()
     host_line = (f"Host: {h.cpu_model}, {os.cpu_count()} cores, kernel {h.kernel}; docker "
                  f"{docker_api.daemon_facts(c).version}; image {img.tag}. CPU-measured; unverified on GPU.")

@@ -29,7 +29,7 @@ from coldstart.criu.caps import RESTORE_NEEDS
 # imported here, not in host_warm: host_warm runs inside the timed window that starts at the create call
 # (after a dropped page cache, importing the warmer's modules, numpy among them, took 2.5 s there)
 from coldstart.pipeline.manifest import read_manifest
-from coldstart.pipeline.restore import warm_paths
+from coldstart.pipeline.restore import HOST_WARMS_ENV, warm_paths
 from coldstart.state import node_dir
 from coldstart.warm import native as _native
 from coldstart.warm import snapshot as _snapshot
@@ -86,18 +86,23 @@ def checkpoint(c, image: str, model: Path, out: Path, *, extra: list[str] | None
 
 def create_restore(c, image: str, snapshot: Path, model: Path, host_port: int, *, name: str | None = None,
                    extra: list[str] | None = None, security: dict[str, Any] | None = None,
-                   env: dict[str, str] | None = None, node: Path | None | bool = True):
+                   env: dict[str, str] | None = None, node: Path | None | bool = True,
+                   host_warms: bool = False):
     """A created (not started) container whose entrypoint restores ``snapshot`` (mounted read-only at
     /snapshot), with a tmpfs for its per-replica state and its port published on 127.0.0.1:``host_port``.
     ``node``: the host's node dir (True: this host's ``state.node_dir()``; False/None: none) mounted
     read-write at NODE_MOUNT, so that replicas share verification records and the access profile
     (without it every container re-hashes the whole snapshot and records its profile again).
+    ``host_warms``: the caller warms the snapshot from the host (``host_warm``), so the entrypoint
+    leaves the profile's ranges to it (pipeline.restore.HOST_WARMS_ENV).
     Creating and starting are separate so that the caller can time each (and warm in between)."""
     from coldstart.containers import docker_api
 
     snapshot, model = Path(snapshot).resolve(), Path(model).resolve()
     volumes = {str(snapshot): {"bind": "/snapshot", "mode": "ro"}, str(model): {"bind": str(model), "mode": "ro"}}
     env = dict(env or {})
+    if host_warms:
+        env[HOST_WARMS_ENV] = "1"
     if node:
         host_node = node_dir() if node is True else Path(node)
         host_node.mkdir(parents=True, exist_ok=True)

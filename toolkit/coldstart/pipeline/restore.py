@@ -239,6 +239,13 @@ def fall_back(reason: str, m: Manifest | None, opts: RestoreOptions, tl: Timelin
                          fallback_reason=reason, canary_ok=ok, manifest=m, text=comp.text if comp else "")
 
 
+# Set (to "1") by whoever starts this restore while warming its snapshot from outside, as
+# `coldstart container restore` does from the host from the container's create call on: the
+# entrypoint then leaves the profile's ranges to it and warms only after its first token. Reading
+# the same ranges again from here gained nothing and took CPU from the restore (2 cores).
+HOST_WARMS_ENV = "COLDSTART_HOST_WARMS"
+
+
 class _BackgroundWarm:
     """Imports and starts the warm stage's warmer on a thread, so that its start-up (imports, plan)
     never delays the restore itself; WARM_START is marked when it really starts."""
@@ -250,6 +257,8 @@ class _BackgroundWarm:
         self._tl = tl
         self._lock = threading.Lock()
         self._cancelled = False
+        self._first_token = threading.Event()
+        self._deferred = False
         kw: dict = {}
         if opts is not None:  # only what the options set: the rest follows COLDSTART_WARM_* / defaults
             if opts.warm_mode:
@@ -271,7 +280,13 @@ class _BackgroundWarm:
             from coldstart.warm import start_warming  # type: ignore[attr-defined]
             from coldstart.warm.residency import sampled_resident_fraction
 
-            if ("mode" not in kw and kw.get("record") != "force"  # (warming not asked for explicitly)
+            deferred = self._host_warms(paths, kw)
+            if deferred:  # (marked now: the timeline is reported at the first token)
+                self._deferred = True
+                self._tl.mark(EventName.WARM_START, files=len(paths), mode="deferred: warmed from outside")
+                self._first_token.wait()
+                kw = {**kw, "record": "off", "rest": "now"}
+            elif ("mode" not in kw and kw.get("record") != "force"  # (warming not asked for explicitly)
                     and all(sampled_resident_fraction(p) >= 0.99 for p in paths)):
                 # all in the page cache already (another restore of this snapshot just ran): reading it
                 # again would only take CPU from this restore and any beside it
@@ -283,6 +298,8 @@ class _BackgroundWarm:
                 if self._cancelled:  # the restore failed while the warmer was being planned
                     w.cancel()
                     return
+            if deferred:
+                return
             plan = getattr(self.warmer, "plan", None)
             self._tl.mark(EventName.WARM_START, files=len(paths), mode=self.warmer.mode,
                           profile=bool(getattr(plan, "profile_used", False)),
@@ -290,9 +307,24 @@ class _BackgroundWarm:
         except Exception:  # warming is an optimisation: never a reason to fail the restore
             self.warmer = None
 
+    @staticmethod
+    def _host_warms(paths: list[Path], kw: dict) -> bool:
+        """Whether the profile's ranges are warmed from outside (HOST_WARMS_ENV) and there is a
+        profile to follow (without one this restore records it, and must warm to do so)."""
+        if os.environ.get(HOST_WARMS_ENV) != "1" or kw.get("record") == "force" or kw.get("profile") == "off":
+            return False
+        from coldstart.warm import snapshot as snapmod
+
+        root = snapmod.snapshot_root(paths)
+        return root is not None and snapmod.resolve_profile(root) is not None
+
     def at_first_token(self):
         """Stop recording the access profile and save it; let the warm go on with the ranges the
-        profile did not name (held back until now). Returns the saved profile's path or None."""
+        profile did not name (held back until now), or start it if it was left to the outside.
+        Returns the saved profile's path or None."""
+        self._first_token.set()
+        if self._deferred:  # it starts now, on its thread: nothing recorded, nothing to wait for
+            return None
         self._t.join(5)
         getattr(self.warmer, "release", lambda: None)()
         end = getattr(self.warmer, "end_recording", None)
@@ -313,6 +345,7 @@ class _BackgroundWarm:
             self._cancelled = True
             if self.warmer is not None:
                 self.warmer.cancel()
+        self._first_token.set()
 
 
 def warm_paths(snap: Path, m: Manifest) -> list[Path]:
