@@ -9,6 +9,7 @@
 //! Runs in the foreground until SIGTERM/SIGINT or `fusermount3 -u`, then unmounts and exits 0.
 //! The Python side (the lazy stage) owns this command line.
 
+mod auth;
 mod cache;
 mod fs;
 mod index;
@@ -41,9 +42,12 @@ struct Args {
     /// The tree's index (JSON, Index.to_bytes() of coldstart.registry.artifact)
     #[arg(long)]
     index: PathBuf,
-    /// http://HOST:PORT
+    /// http://HOST:PORT or https://HOST:PORT
     #[arg(long)]
     registry: String,
+    /// PEM certificates to check an https:// registry against (default: the node's trust store)
+    #[arg(long)]
+    ca_file: Option<PathBuf>,
     /// Repository name in the registry
     #[arg(long)]
     repo: String,
@@ -69,9 +73,6 @@ struct Args {
     /// Append the log here instead of stderr
     #[arg(long)]
     log_file: Option<PathBuf>,
-    /// Sent as the Authorization header of every registry request
-    #[arg(long)]
-    auth_header: Option<String>,
     /// The mount's readahead: what one page fault or sequential read asks for beyond the page it needs
     #[arg(long, default_value_t = READ_AHEAD_KB)]
     read_ahead_kb: u32,
@@ -103,8 +104,8 @@ fn run(args: Args, signals: &libc::sigset_t) -> Result<(), String> {
         let f = OpenOptions::new().create(true).append(true).open(p);
         log::init(Box::new(f.map_err(|e| format!("cannot open log file {}: {e}", p.display()))?));
     }
-    if !args.registry.starts_with("http://") {
-        return Err(format!("--registry {}: only http:// is supported (this build has no TLS)", args.registry));
+    if !args.registry.starts_with("http://") && !args.registry.starts_with("https://") {
+        return Err(format!("--registry {}: expected http://HOST[:PORT] or https://HOST[:PORT]", args.registry));
     }
     let raw = std::fs::read(&args.index).map_err(|e| format!("cannot read index {}: {e}", args.index.display()))?;
     let index = Arc::new(Index::parse(&raw).map_err(|e| format!("malformed index {}: {e}", args.index.display()))?);
@@ -114,7 +115,9 @@ fn run(args: Args, signals: &libc::sigset_t) -> Result<(), String> {
     let reg = Registry {
         url: args.registry.clone(),
         repo: args.repo.clone(),
-        auth: args.auth_header.clone(),
+        auth: std::env::var("COLDSTART_LAZYFS_AUTH").ok().filter(|h| !h.is_empty()),
+        creds: auth::Creds::from_env(),
+        ca_file: args.ca_file.clone(),
         timeout: Duration::from_secs(args.timeout_s),
     };
     let store =

@@ -15,9 +15,10 @@ use std::collections::{HashMap, VecDeque};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
+use crate::auth::{self, Creds};
 use crate::cache::{make_pin_dir, Bound};
 use crate::index::Index;
 use crate::log::say;
@@ -67,9 +68,11 @@ pub struct Stats {
 }
 
 pub struct Registry {
-    pub url: String, // http://host:port
+    pub url: String, // http(s)://host:port
     pub repo: String,
-    pub auth: Option<String>,
+    pub auth: Option<String>, // the Authorization header to start with
+    pub creds: Option<Creds>, // to answer a 401 (an expired token) with
+    pub ca_file: Option<PathBuf>,
     pub timeout: Duration,
 }
 
@@ -88,7 +91,10 @@ pub struct Store {
     bound: Arc<Bound>,
     http: ureq::Agent,
     blobs: String, // {registry}/v2/{repo}/blobs/
-    auth: Option<String>,
+    repo: String,
+    auth: RwLock<Option<String>>,
+    creds: Option<Creds>,
+    reauth: Mutex<()>, // one renewal at a time; the others then use its header
     patience: Duration, // how long a waiter trusts someone else's fetch
     flights: Mutex<HashMap<u32, Arc<Flight>>>,
     memo: Mutex<VecDeque<(u32, Bytes)>>,
@@ -112,6 +118,7 @@ impl Store {
             .redirect_auth_headers(ureq::config::RedirectAuthHeaders::SameHost)
             .max_idle_connections(64)
             .max_idle_connections_per_host(32)
+            .tls_config(ureq::tls::TlsConfig::builder().root_certs(root_certs(reg.ca_file.as_deref())?).build())
             .build()
             .into();
         let n = index.chunks.len();
@@ -125,7 +132,10 @@ impl Store {
             bound: Bound::start(cache, max_bytes),
             http,
             blobs: format!("{}/v2/{}/blobs/", reg.url.trim_end_matches('/'), reg.repo),
-            auth: reg.auth,
+            repo: reg.repo,
+            auth: RwLock::new(reg.auth),
+            creds: reg.creds,
+            reauth: Mutex::new(()),
             patience: reg.timeout * 2 + Duration::from_secs(5),
             flights: Mutex::new(HashMap::new()),
             memo: Mutex::new(VecDeque::new()),
@@ -362,17 +372,30 @@ impl Store {
         let p = &self.index.packs[pack];
         let url = format!("{}{}", self.blobs, p.digest);
         let what = format!("GET {url} bytes {a}-{}", b - 1);
-        let mut req = self.http.get(&url).header("Range", format!("bytes={a}-{}", b - 1));
-        if let Some(auth) = &self.auth {
-            req = req.header("Authorization", auth);
-        }
         let fail = |e: String| {
             self.stats.fetch_errors.fetch_add(1, Relaxed);
             say!("{what}: {e}");
             e
         };
-        let mut resp = req.call().map_err(|e| fail(e.to_string()))?;
+        let mut attempt = 0;
+        let mut resp = loop {
+            let sent = self.auth.read().unwrap().clone();
+            let mut req = self.http.get(&url).header("Range", format!("bytes={a}-{}", b - 1));
+            if let Some(h) = &sent {
+                req = req.header("Authorization", h);
+            }
+            let resp = req.call().map_err(|e| fail(e.to_string()))?;
+            if resp.status().as_u16() != 401 || attempt == 1 {
+                break resp;
+            }
+            attempt += 1;
+            let challenge = resp.headers().get("www-authenticate").and_then(|v| v.to_str().ok()).unwrap_or("");
+            self.renew_auth(challenge, sent).map_err(fail)?;
+        };
         let status = resp.status().as_u16();
+        if status == 401 {
+            return Err(fail("the registry refused the renewed credentials (HTTP 401)".into()));
+        }
         // 200 carries the whole blob: fine only when that is what was asked for
         if status != 206 && !(status == 200 && a == 0 && b == p.size) {
             return Err(fail(format!("registry answered HTTP {status}")));
@@ -383,6 +406,20 @@ impl Store {
             return Err(fail(format!("got {} bytes, wanted {want}", body.len())));
         }
         Ok(body)
+    }
+
+    /// Answer a 401 to a request sent with `sent`: unless another thread has renewed the header
+    /// since, ask the registry's auth scheme for a new one.
+    fn renew_auth(&self, challenge: &str, sent: Option<String>) -> Result<(), String> {
+        let _one = self.reauth.lock().unwrap();
+        if *self.auth.read().unwrap() != sent {
+            return Ok(());
+        }
+        let header = auth::answer(&self.http, challenge, self.creds.as_ref(), &self.repo)?;
+        let scheme = header.split(' ').next().unwrap_or("").to_string();
+        *self.auth.write().unwrap() = Some(header);
+        say!("the registry answered 401: {scheme} credentials renewed");
+        Ok(())
     }
 
     /// The bound on the cache (0: none), for the log.
@@ -539,4 +576,27 @@ fn read_direct(path: &Path, size: usize) -> std::io::Result<Bytes> {
 
 fn new_flight() -> Arc<Flight> {
     Arc::new(Flight { done: Mutex::new(None), cv: Condvar::new() })
+}
+
+/// The certificates an https:// registry is checked against: `ca_file` (PEM) if given, else the
+/// node's trust store (/etc/ssl/certs/ca-certificates.crt: where a fleet installs its own CA),
+/// else the bundled Mozilla roots.
+fn root_certs(ca_file: Option<&Path>) -> Result<ureq::tls::RootCerts, String> {
+    const SYSTEM: &str = "/etc/ssl/certs/ca-certificates.crt";
+    let path = match ca_file {
+        Some(p) => p.to_path_buf(),
+        None if Path::new(SYSTEM).is_file() => PathBuf::from(SYSTEM),
+        None => return Ok(ureq::tls::RootCerts::WebPki),
+    };
+    let pem = fs::read(&path).map_err(|e| format!("CA file {}: {e}", path.display()))?;
+    let certs: Vec<_> = ureq::tls::parse_pem(&pem)
+        .filter_map(|item| match item {
+            Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
+            _ => None,
+        })
+        .collect();
+    if certs.is_empty() {
+        return Err(format!("CA file {}: no PEM certificate in it", path.display()));
+    }
+    Ok(ureq::tls::RootCerts::Specific(Arc::new(certs)))
 }

@@ -118,3 +118,16 @@ def test_restore_with_its_runtime_from_the_registry(registry, tiny_snapshot, tmp
         assert chunks < snap_bytes + pushed.total_bytes // 4, (chunks, snap_bytes, pushed.total_bytes)
     finally:
         r.stop()
+
+    # a restore that fails after the runtime is mounted cold-boots from that runtime (the node may
+    # have no venv of its own), not from the node's
+    monkeypatch.setenv("COLDSTART_CRIU", str(tmp_path / "no-criu"))
+    r = restore(RestoreOptions(snapshot=tmp_path / "mnt2", ref=snap_ref, runtime=rt_ref, port=free_port(),
+                               model=str(tiny_snapshot.manifest.model)), say=lambda s: None)
+    try:
+        assert not r.restored and "criu" in (r.fallback_reason or ""), r.fallback_reason
+        mounts = Path(f"/proc/{r.engine.root_pid}/mountinfo").read_text().splitlines()
+        assert any(ln.split()[4] == str(venv) and "coldstart-lazyfs" in ln for ln in mounts), mounts[-5:]
+        assert EngineClient(r.base_url, timeout=300).complete("Hello", max_tokens=2).text is not None
+    finally:
+        r.stop()

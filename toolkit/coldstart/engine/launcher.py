@@ -60,6 +60,9 @@ class EngineSpec:
     # a restored task back its dumped sets and can only lower its own, so a server dumped with none
     # restores under any set that CRIU itself needs (a least-privilege container).
     drop_caps: bool = False
+    # Read-only bind mounts (source -> path) in a private mount namespace of the server's: a runtime
+    # (venv) mounted lazily elsewhere, seen where its files were installed.
+    binds: dict[Path, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.model = Path(self.model)
@@ -357,6 +360,17 @@ def bind_run_dir_argv(host_dir: Path, seen_at: Path, argv: list[str]) -> list[st
             str(seen_at), str(host_dir), *argv]
 
 
+def bind_ro_argv(binds: dict[Path, str], argv: list[str]) -> list[str]:
+    """``argv`` in a private mount namespace with each source bound read-only at its path (made if
+    missing: a node without the runtime has no such directory)."""
+    import shlex
+
+    q = shlex.quote
+    script = "set -e; " + "".join(f"mkdir -p {q(at)}; mount --bind -o ro {q(str(src))} {q(at)}; "
+                                  for src, at in binds.items()) + 'exec "$@"'
+    return [_unshare(), "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script, "sh", *argv]
+
+
 def client_host(listen: str) -> str:
     """Where a local client reaches a server listening on ``listen`` (a wildcard: loopback)."""
     return "127.0.0.1" if listen in ("0.0.0.0", "") else "[::1]" if listen == "::" else listen
@@ -377,6 +391,8 @@ def start_engine(spec: EngineSpec, new_pidns: bool = True, log_mode: str = "w") 
     argv = spec.argv()
     if spec.run_dir_seen_at:
         argv = bind_run_dir_argv(spec.run_dir, spec.run_dir_seen_at, argv)
+    if spec.binds:
+        argv = bind_ro_argv(spec.binds, argv)
     if new_pidns:
         # the inner setsid makes the server a session leader (no controlling tty: CRIU-friendly);
         # no --mount-proc (it broke CRIU restore here), so /proc shows host PIDs.

@@ -12,8 +12,10 @@ from coldstart.pipeline.events import EventName, Timeline
 def cold_start(model: Path | str, *, port: int, host: str = "127.0.0.1", engine_args: list[str] | None = None,
                run_dir: Path | None = None, timeline: Timeline | None = None, timeout: float = 900.0,
                served_model_name: str | None = None, kv_cache_bytes: int = 256 << 20,
-               canary_prompt: str | None = None, canary_tokens: int = 16):
-    """Start vLLM for ``model`` and wait until it answers a first completion.
+               canary_prompt: str | None = None, canary_tokens: int = 16, python: str | None = None,
+               binds: dict[Path, str] | None = None):
+    """Start vLLM for ``model`` and wait until it answers a first completion. ``python`` and
+    ``binds``: run it from a runtime mounted elsewhere (EngineSpec.binds), not this process's own.
 
     Returns (EngineProcess, Completion or None). Marks SERVER_UP, FIRST_TOKEN and READY on the
     timeline. The run dir defaults to a fresh temp dir (never the snapshot's: that stays immutable).
@@ -24,7 +26,8 @@ def cold_start(model: Path | str, *, port: int, host: str = "127.0.0.1", engine_
     tl = timeline or Timeline.from_container_start("cold", model=Path(str(model)).name)
     run_dir = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix="coldstart-cold-"))
     spec = EngineSpec(model=Path(model), run_dir=run_dir, port=port, host=host, kv_cache_bytes=kv_cache_bytes,
-                      sleep_mode=False, extra_args=list(engine_args or []), served_model_name=served_model_name)
+                      sleep_mode=False, extra_args=list(engine_args or []), served_model_name=served_model_name,
+                      binds=dict(binds or {}), **({"python": python} if python else {}))
     eng = start_engine(spec, new_pidns=True)
     try:
         eng.wait_ready(timeout)

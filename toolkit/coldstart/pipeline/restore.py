@@ -158,14 +158,17 @@ def restore(opts: RestoreOptions, say: Callable[[str], None] = print) -> Restore
     except Exception as e:  # the entrypoint's promise: whatever went wrong, still serve (cold)
         if mnt is not None:
             mnt.unmount()
-        if rt is not None and rt.mount is not None:
-            rt.mount.unmount()
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         if not isinstance(e, (ColdstartError, OSError, subprocess.SubprocessError, TimeoutError)):
             reason = f"{type(e).__name__}: {reason}"  # unexpected: name the exception type too
         if not opts.fallback:
+            if rt is not None and rt.mount is not None:
+                rt.mount.unmount()
             raise RestoreFailed(reason) from e
-        return fall_back(reason, m, opts, tl, say)
+        # a node given --runtime may have no venv of its own: the cold boot runs from that runtime
+        res = fall_back(reason, m, opts, tl, say, rt)
+        res.runtime = rt
+        return res
 
 
 def _mount(ref: str, mountpoint: Path, tl: Timeline, say: Callable[[str], None]):
@@ -214,10 +217,9 @@ def _runtime(arg: str, m: Manifest, tl: Timeline, say: Callable[[str], None]) ->
 
 
 def fall_back(reason: str, m: Manifest | None, opts: RestoreOptions, tl: Timeline,
-              say: Callable[[str], None]) -> RestoreResult:
-    """Cold-boot the snapshot's model with the snapshot's engine args (FALLBACK event with the reason)."""
-    from coldstart.pipeline.cold import cold_start
-
+              say: Callable[[str], None], rt: Runtime | None = None) -> RestoreResult:
+    """Cold-boot the snapshot's model with the snapshot's engine args (FALLBACK event with the reason);
+    with ``rt``, from that runtime (bound where the snapshot's server ran from, its python)."""
     say(f"fallback: {reason}")
     tl.mark(EventName.FALLBACK, reason=reason)
     tl.labels["outcome"] = "fallback"
@@ -229,14 +231,29 @@ def fall_back(reason: str, m: Manifest | None, opts: RestoreOptions, tl: Timelin
     if not port_free(opts.listen, port):
         port = free_port()
         say(f"port busy: the cold boot listens on {port}")
-    eng, comp = cold_start(model, port=port, host=opts.listen, engine_args=m.engine_args if m else [], timeline=tl,
-                           timeout=opts.cold_timeout, served_model_name=m.served_model_name if m else None,
-                           kv_cache_bytes=int(m.timings.get("kv_cache_bytes", 256 << 20)) if m else 256 << 20,
-                           canary_prompt=m.canary.prompt if m else None,
-                           canary_tokens=m.canary.max_tokens if m else 16)
+    run_from: dict = {}
+    if rt is not None and m is not None:
+        run_from = {"binds": {rt.tree: rt.at}, "python": m.host.get("python_executable") or None}
+        say(f"the cold boot runs from the runtime {rt.tree} (seen at {rt.at})")
+    try:
+        eng, comp = _cold(model, port, m, opts, tl, run_from)
+    except BaseException:
+        if rt is not None and rt.mount is not None:
+            rt.mount.unmount()
+        raise
     ok = bool(m and comp and comp.token_ids == m.canary.token_ids)
     return RestoreResult(engine=eng, base_url=eng.base_url, timeline=tl, restored=False,
                          fallback_reason=reason, canary_ok=ok, manifest=m, text=comp.text if comp else "")
+
+
+def _cold(model, port: int, m: Manifest | None, opts: RestoreOptions, tl: Timeline, run_from: dict):
+    from coldstart.pipeline.cold import cold_start
+
+    return cold_start(model, port=port, host=opts.listen, engine_args=m.engine_args if m else [], timeline=tl,
+                      timeout=opts.cold_timeout, served_model_name=m.served_model_name if m else None,
+                      kv_cache_bytes=int(m.timings.get("kv_cache_bytes", 256 << 20)) if m else 256 << 20,
+                      canary_prompt=m.canary.prompt if m else None,
+                      canary_tokens=m.canary.max_tokens if m else 16, **run_from)
 
 
 # Set (to "1") by whoever starts this restore while warming its snapshot from outside, as
@@ -286,6 +303,9 @@ class _BackgroundWarm:
                 self._tl.mark(EventName.WARM_START, files=len(paths), mode="deferred: warmed from outside")
                 self._first_token.wait()
                 kw = {**kw, "record": "off", "rest": "now"}
+                from coldstart.warm.base import background_priority
+
+                background_priority()  # (its readers, started from this thread, inherit it)
             elif ("mode" not in kw and kw.get("record") != "force"  # (warming not asked for explicitly)
                     and all(sampled_resident_fraction(p) >= 0.99 for p in paths)):
                 # all in the page cache already (another restore of this snapshot just ran): reading it

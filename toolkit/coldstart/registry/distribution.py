@@ -34,7 +34,7 @@ class RegistryError(ColdstartError):
 class Ref:
     """``[http[s]://]host[:port]/repo[:tag][@sha256:...]``. Loopback hosts speak plain HTTP unless an
     https:// scheme is given (like docker's insecure-by-default localhost); others use HTTPS unless
-    COLDSTART_REGISTRY_PLAIN_HTTP=1."""
+    COLDSTART_REGISTRY_PLAIN_HTTP=1. HTTPS certificates are checked (``ca_bundle``)."""
     host: str
     repo: str
     tag: str | None
@@ -69,6 +69,12 @@ def _loopback(host: str) -> bool:
     return name in ("localhost", "[::1]") or name.startswith("127.")
 
 
+def ca_bundle() -> str | bool:
+    """What HTTPS registries are checked against: $COLDSTART_REGISTRY_CA (a PEM file: a private
+    registry's own CA), else the default trust store."""
+    return os.environ.get("COLDSTART_REGISTRY_CA") or True
+
+
 def sha256_digest(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
@@ -84,6 +90,7 @@ class Registry:
         self.username = username if username is not None else os.environ.get("COLDSTART_REGISTRY_USER")
         self.password = password if password is not None else os.environ.get("COLDSTART_REGISTRY_PASSWORD")
         self.s = requests.Session()
+        self.verify = ca_bundle()  # per request: a session's own is overridden by $REQUESTS_CA_BUNDLE
         self._auth: str | None = None  # the Authorization header that last worked
 
     def clone(self) -> "Registry":
@@ -103,7 +110,7 @@ class Registry:
                 h["Authorization"] = self._auth
             try:
                 r = self.s.request(method, url, headers=h, timeout=self.timeout, stream=stream,
-                                   allow_redirects=True, **kw)
+                                   allow_redirects=True, verify=self.verify, **kw)
             except requests.RequestException as e:
                 raise RegistryError(f"{what}: registry {self.ref.host} unreachable or too slow "
                                     f"({type(e).__name__}: {_short(e)})") from None
@@ -138,7 +145,7 @@ class Registry:
         if "scope" not in q:
             q["scope"] = f"repository:{self.ref.repo}:pull,push"
         try:
-            t = requests.get(p["realm"], params=q, timeout=self.timeout,
+            t = requests.get(p["realm"], params=q, timeout=self.timeout, verify=self.verify,
                              auth=creds if self.username else None)
         except requests.RequestException as e:
             raise RegistryError(f"{what}: token service {p['realm']} unreachable ({type(e).__name__})") from None

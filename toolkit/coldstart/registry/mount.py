@@ -129,10 +129,15 @@ def mount(ref: str, mountpoint: Path, *, prefetch: bool | str | None = None, thr
             "--log-file", str(log)]
     if os.environ.get("COLDSTART_LAZY_READ_AHEAD_KB"):  # sparse faults (a restore) fetch less with less
         argv += ["--read-ahead-kb", os.environ["COLDSTART_LAZY_READ_AHEAD_KB"]]
-    if reg._auth:
-        argv += ["--auth-header", reg._auth]
+    # credentials by the environment (argv shows in ps): the header that worked for the index, and
+    # what the daemon renews it with when the registry answers 401 (an expired token)
+    env = {**os.environ, "COLDSTART_LAZYFS_AUTH": reg._auth or ""}
+    if reg.username:
+        env.update(COLDSTART_REGISTRY_USER=reg.username, COLDSTART_REGISTRY_PASSWORD=reg.password or "")
+    if isinstance(reg.verify, str):
+        argv += ["--ca-file", reg.verify]
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True)
+                            start_new_session=True, env=env)
     end = time.monotonic() + ready_timeout
     while time.monotonic() < end:
         if ready.exists():

@@ -23,10 +23,11 @@ class RegistryServer:
     host: str  # host:port
     root: Path  # storage
     log: Path
+    scheme: str = "http"
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}"
+        return f"{self.scheme}://{self.host}"
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -43,29 +44,39 @@ class RegistryServer:
         return self.root / "docker/registry/v2/blobs" / algo / hexd[:2] / hexd / "data"
 
 
-def _config(root: Path, addr: str, proxy: str | None, htpasswd: Path | None) -> str:
+def _config(root: Path, addr: str, proxy: str | None, htpasswd: Path | None, tls=None, token=None) -> str:
     lines = ["version: 0.1", "log:", "  level: warn", "  accesslog:", "    disabled: true", "storage:",
              "  filesystem:", f"    rootdirectory: {root}", "  delete:", "    enabled: true",
              "  cache:", "    blobdescriptor: inmemory", "http:", f"  addr: {addr}", "  headers:",
              "    X-Content-Type-Options: [nosniff]"]
+    if tls is not None:
+        lines += ["  tls:", f"    certificate: {tls.cert}", f"    key: {tls.key}"]
     if proxy:
         lines += ["proxy:", f"  remoteurl: {proxy}"]
     if htpasswd:
         lines += ["auth:", "  htpasswd:", "    realm: coldstart", f"    path: {htpasswd}"]
+    elif token is not None:
+        from coldstart.registry.tokens import ISSUER, SERVICE
+
+        lines += ["auth:", "  token:", f"    realm: {token.realm}", f"    service: {SERVICE}",
+                  f"    issuer: {ISSUER}", f"    rootcertbundle: {token.keys.ca}"]
     return "\n".join(lines) + "\n"
 
 
 def start(workdir: Path, port: int, *, host: str = "127.0.0.1", proxy: str | None = None,
-          htpasswd: Path | None = None, timeout: float = 30.0, netns: str | None = None) -> RegistryServer:
+          htpasswd: Path | None = None, timeout: float = 30.0, netns: str | None = None,
+          tls=None, token=None) -> RegistryServer:
     """Start a registry serving ``workdir``/storage on ``host``:``port`` and wait until it answers
-    /v2/. ``netns``: run it inside that network namespace (ip netns exec)."""
+    /v2/. ``netns``: run it inside that network namespace (ip netns exec). ``tls``: a
+    tokens.KeyPair to serve HTTPS with; ``token``: a running tokens.TokenService whose tokens the
+    registry demands (Bearer scheme)."""
     if not shutil.which(BINARY):
         raise ColdstartError(f"{BINARY} not found (scripts/setup installs Debian's docker-registry)")
     workdir = Path(workdir)
     root = workdir / "storage"
     root.mkdir(parents=True, exist_ok=True)
     cfg = workdir / "config.yml"
-    cfg.write_text(_config(root, f"{host}:{port}", proxy, htpasswd))
+    cfg.write_text(_config(root, f"{host}:{port}", proxy, htpasswd, tls, token))
     log = workdir / "registry.log"
     argv = [BINARY, "serve", str(cfg)]
     if netns:
@@ -73,14 +84,15 @@ def start(workdir: Path, port: int, *, host: str = "127.0.0.1", proxy: str | Non
     with open(log, "ab") as lf:
         proc = subprocess.Popen(argv, stdout=lf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
-    srv = RegistryServer(proc, f"{host}:{port}", root, log)
+    srv = RegistryServer(proc, f"{host}:{port}", root, log, "https" if tls is not None else "http")
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if proc.poll() is not None:
             raise ColdstartError(f"{BINARY} exited with {proc.returncode}: {log.read_text()[-300:].strip()}")
         if netns is None:
             try:
-                if requests.get(f"{srv.url}/v2/", timeout=1).status_code in (200, 401):
+                if requests.get(f"{srv.url}/v2/", timeout=1,
+                                verify=str(tls.ca) if tls is not None else True).status_code in (200, 401):
                     return srv
             except requests.RequestException:
                 pass

@@ -235,7 +235,8 @@ class BaseWarmer:
         self._released = threading.Event()
         if self.rest == "never":
             self.plan.ranges = self.plan.ranges[:self.plan.profile_end]
-        if self.rest != "after":
+        self._held_back = self.rest == "after"
+        if not self._held_back:
             self._released.set()
         self._lock = threading.Lock()
         self._issued: list[Range] = []
@@ -280,12 +281,15 @@ class BaseWarmer:
         self._released.set()
 
     def _may_take(self, index: int) -> bool:
-        """Block a reader at the start of the held-back rest until release() or cancel()."""
+        """Block a reader at the start of the held-back rest until release() or cancel(); the rest
+        is then read at the lowest CPU priority (``background_priority``)."""
         if index < self.plan.profile_end:
             return True
-        while not self._released.wait(0.05):
-            if self._cancel.is_set():
-                return False
+        if self._held_back:
+            while not self._released.wait(0.05):
+                if self._cancel.is_set():
+                    return False
+            background_priority()
         return not self._cancel.is_set()
 
     def cancel(self) -> None:
@@ -318,3 +322,19 @@ class NullWarmer(BaseWarmer):
     @property
     def done(self) -> bool:
         return True
+
+
+_prio = threading.local()
+
+
+def background_priority() -> None:
+    """Lower the calling thread (only it: Linux nice values are per thread; threads it starts
+    inherit it) to the lowest CPU priority: warming after the first token must not slow the
+    server's first requests (on 2 cores it took a second from the first completion)."""
+    if getattr(_prio, "low", False):
+        return
+    _prio.low = True
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, 19)
+    except OSError:
+        pass
