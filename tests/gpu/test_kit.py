@@ -61,7 +61,8 @@ SAMPLE = [
       for r in range(3) for (c, k, v) in [("read_buffered", "cold", 3.0), ("read_direct", "cold", 4.0),
                                           ("read_buffered", "warm", 20.0), ("coldstart", "cold", 3.8),
                                           ("coldstart", "warm", 19.0), ("safetensors", "cold", 1.5),
-                                          ("safetensors", "warm", 5.0)]],
+                                          ("safetensors", "warm", 5.0), ("coldstart_coord", "cold", 3.6),
+                                          ("coldstart_coord", "warm", 18.0)]],
     {"bench": "loader", "case": "coldstart_verify", "cache": "cold", "rep": 0, "error": "Boom: x"},
     {"bench": "cuda_checkpoint", "gib": 1.0, "rep": 0, "lock_s": 0.01, "checkpoint_s": 0.5, "restore_s": 0.4,
      "unlock_s": 0.01, "checkpoint_gib_s": 2.0, "restore_gib_s": 2.5, "released_gib": 1.0, "verified": True},
@@ -80,6 +81,8 @@ def test_table_shows_limits_ratios_targets_and_failures():
     assert "| limit = min(H2D, best file read) | 4.0 | 20.0 |" in t  # cold: best of buffered/direct
     assert "| coldstart / limit | 0.95x | 0.95x | >= 0.9x |" in t
     assert "| coldstart / safetensors | 2.53x | 3.80x | >= 2x cold |" in t
+    assert "| coldstart, one coordinator issuing the copies / limit, paired | 0.90x (0.90, 0.90, 0.90) | " \
+           "0.90x (0.90, 0.90, 0.90) | |" in t
     assert "1 errors: Boom: x" in t
     assert "| 1 | 0.01 | 0.5 | 0.4 | 0.01 | 2.0 | 2.5 | 1.0 | yes (1/1) |" in t
     assert "| 16 | error: CudaError: out of memory" in t

@@ -68,6 +68,7 @@ def _o_direct_ok(path) -> bool:
 CONFIGS = [
     dict(threads=1, chunk_bytes=1 * MiB, buffers=2, direct=False),
     dict(threads=4, chunk_bytes=2 * MiB, buffers=4, direct=False),
+    dict(threads=4, chunk_bytes=2 * MiB, buffers=4, direct=False, copies="coordinator"),
     dict(threads=4, chunk_bytes=16 * MiB, buffers=3, direct=None),
     dict(threads=8, chunk_bytes=1 * MiB, buffers=2, direct=True),
 ]
@@ -86,6 +87,7 @@ def test_every_dtype_bit_exact_with_digests(src_and_flat, cfg):
     st = load_into(flat, dest, verify=True, **cfg)
     torch.cuda.synchronize()
     assert st.mode == "staged" and st.device == "cuda" and st.verify
+    assert st.copies == cfg.get("copies", "readers")
     for name, s in src.items():
         d = dest[name]
         assert d.device.type == "cuda" and d.dtype == s.dtype and list(d.shape) == list(s.shape)
@@ -133,7 +135,7 @@ class _PoisonPool(loader_mod.BufferPool):
         return buf
 
 
-def _load_with(monkeypatch, flat, fence: bool):
+def _load_with(monkeypatch, flat, fence: bool, copies: str):
     import torch
 
     def make(device_type, targets):
@@ -144,19 +146,21 @@ def _load_with(monkeypatch, flat, fence: bool):
     monkeypatch.setattr(loader_mod, "make_copier", make)
     monkeypatch.setattr(loader_mod, "BufferPool", _PoisonPool)
     dest = alloc_like_index(flat, device="cuda")
-    load_into(flat, dest, verify=False, threads=2, chunk_bytes=1 * MiB, buffers=2, direct=False)
+    load_into(flat, dest, verify=False, threads=2, chunk_bytes=1 * MiB, buffers=2, direct=False, copies=copies)
     torch.cuda.synchronize()
     return dest
 
 
-def test_buffers_are_reused_only_after_their_copies(src_and_flat, monkeypatch):
+@pytest.mark.parametrize("copies", ["readers", "coordinator"])
+def test_buffers_are_reused_only_after_their_copies(src_and_flat, monkeypatch, copies):
     """With the event wait, poisoning every reused buffer changes nothing; without it (the negative
-    control) the delayed copies read poison or the next piece, so the test can see a missing wait."""
+    control) the delayed copies read poison or the next piece, so the test can see a missing wait.
+    Both copy issuers: each reader (CUDA's default) and one coordinator."""
     import torch
 
     src, flat = src_and_flat
-    dest = _load_with(monkeypatch, flat, fence=True)
+    dest = _load_with(monkeypatch, flat, fence=True, copies=copies)
     assert all(torch.equal(_bytes(dest[n]).cpu(), _bytes(s)) for n, s in src.items())
-    broken = _load_with(monkeypatch, flat, fence=False)
+    broken = _load_with(monkeypatch, flat, fence=False, copies=copies)
     assert not torch.equal(_bytes(broken["big.bf16"]).cpu(), _bytes(src["big.bf16"])), \
         "negative control: without the wait the data should have been corrupted"

@@ -528,14 +528,27 @@ class DeferredCopier:
         self.stop.set()
 
 
-def test_staged_pipeline_never_reuses_a_busy_buffer(flat, src, monkeypatch):
+@pytest.mark.parametrize("copies", ["readers", "coordinator"])
+def test_staged_pipeline_never_reuses_a_busy_buffer(flat, src, monkeypatch, copies):
+    """Whoever issues the copies (each reader, CUDA's default, or one coordinator), a buffer goes
+    back to the readers only after its deferred copy has happened."""
     copier = DeferredCopier()
     monkeypatch.setattr(loader_mod, "make_copier", lambda device, targets: copier)
     dest = _fresh(src)
-    load_into(flat, dest, mode="staged", threads=4, buffers=3, chunk_bytes=16 * KIB, verify=True)
+    st = load_into(flat, dest, mode="staged", threads=4, buffers=3, chunk_bytes=16 * KIB, verify=True, copies=copies)
     for k, v in src.items():
         assert _raw(dest[k]) == _raw(v), k
     assert copier.max_in_flight >= 1
+    assert st.copies == copies
+
+
+def test_copy_issuer_defaults_and_refusal(flat, src):
+    assert loader_mod.default_copies("cuda") == "readers" and loader_mod.default_copies("cpu") == "coordinator"
+    st = load_into(flat, _fresh(src), mode="staged", threads=2)
+    assert st.copies == "coordinator"
+    assert load_into(flat, _fresh(src), mode="direct").copies == ""
+    with pytest.raises(ColdstartError, match="unknown copy issuer 'gpu'"):
+        load_into(flat, _fresh(src), mode="staged", copies="gpu")
 
 
 class FakeCuda:

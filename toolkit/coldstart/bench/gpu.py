@@ -190,8 +190,7 @@ LOADER_CASES: dict[str, dict[str, Any]] = {
     "coldstart": {},  # the defaults (what the GPU worker's reload uses)
     "coldstart_verify": {"verify": True},
     "coldstart_buffered": {"direct": False},  # cold only: the default picks O_DIRECT for a cold file
-    "coldstart_t8": {"threads": 8},  # the CPU default, for comparison
-    "coldstart_t16": {"threads": 16},
+    "coldstart_coord": {"copies": "coordinator"},  # the defaults, but one thread issues every copy (until 11-26)
     "coldstart_t16_c32": {"threads": 16, "chunk_bytes": 32 * MiB},  # warm only (a sweep)
     "coldstart_t24": {"threads": 24},  # warm only
 }
@@ -255,7 +254,7 @@ def loader_bench(work: Path, *, gib: float = 4.0, reps: int = 3, threads: int = 
                             resident_before=res, o_direct=st.o_direct, mode=st.mode, buffers=st.buffers,
                             read_threads=st.threads, verify=st.verify, wait_s=round(st.wait_s, 3),
                             copy_s=round(st.copy_s, 3), read_s=round(st.read_s, 3), verify_s=round(st.verify_s, 3),
-                            alloc_s=round(st.alloc_s, 4), chunk_bytes=st.chunk_bytes,
+                            alloc_s=round(st.alloc_s, 4), chunk_bytes=st.chunk_bytes, copies=st.copies,
                             checked=rep == 0, mismatch=bad)
                     else:
                         res = _cache(stp, cache)

@@ -233,6 +233,9 @@ def render_table(records: list[dict], facts: dict[str, Any], command: str) -> st
                      f"{best_ratio('warm', lim['warm'])} | >= 0.9x |")
         L.append(f"| coldstart / limit, paired per repetition (median) | {paired(ld, 'cold', h2d)} | "
                  f"{paired(ld, 'warm', h2d)} | >= 0.9x |")
+        if any(c == "coldstart_coord" for c in cases):
+            L.append(f"| coldstart, one coordinator issuing the copies / limit, paired | "
+                     f"{paired(ld, 'cold', h2d, 'coldstart_coord')} | {paired(ld, 'warm', h2d, 'coldstart_coord')} | |")
         L.append(f"| coldstart+verify / limit | {ratio(med.get(('coldstart_verify', 'cold')), lim['cold'])} | "
                  f"{ratio(med.get(('coldstart_verify', 'warm')), lim['warm'])} | |")
         L.append(f"| coldstart / safetensors | {ratio(med.get(('coldstart', 'cold')), med.get(('safetensors', 'cold')))} | "

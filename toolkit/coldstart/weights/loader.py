@@ -8,9 +8,10 @@ Two ways to move the bytes, picked per destination:
   alignment padding going to a scratch buffer). No intermediate buffer, no extra memcpy: the
   kernel's copy from the page cache (or the disk DMA, with O_DIRECT) is the only one.
 * ``staged`` (CUDA destinations; selectable on CPU to measure it): N reader threads fill K reusable
-  host buffers (pinned on CUDA) while the coordinating thread copies the previously filled buffers
-  into the destination tensors (on CUDA: async copies on a side stream; a buffer goes back to the
-  readers only once the event recorded after its copies has completed). The CUDA path is
+  host buffers (pinned on CUDA); each filled buffer is copied into the destination tensors by the
+  reader that filled it (CUDA's default) or by one coordinating thread (on CUDA: async copies on a
+  side stream; a buffer goes back to the readers only once the event recorded after its copies has
+  completed). The CUDA path is
   verified on an H100 by the GPU kit (tests/gpu, results/gpu/, docs/gpu.md); its scheduling is also
   unit-tested without a device.
 
@@ -65,7 +66,7 @@ class LoadStats:
     read_s: float = 0.0  # summed over reader threads: time inside preadv
     copy_s: float = 0.0  # time issuing/doing buffer -> tensor copies (staged)
     verify_s: float = 0.0  # time hashing
-    wait_s: float = 0.0  # staged: coordinator waiting for a filled buffer
+    wait_s: float = 0.0  # staged: coordinator waiting for a filled buffer (or, copies by readers, for the end)
     alloc_s: float = 0.0  # staged: allocating (on CUDA: pinning) the host buffers
     notes: list[str] = field(default_factory=list)
     layout: str = "ranges"  # ranges (one contiguous run per reader) | shared (one queue of pieces)
@@ -73,6 +74,7 @@ class LoadStats:
     fadvise: str = ""  # the hint given on each reader's fd ("" = none)
     direct_choice: str = ""  # "auto: N% cached -> O_DIRECT|buffered", or "" when the caller chose
     reader_cpus: str = ""  # "0 -> 0-1": the readers ran on more CPUs than the calling thread's mask
+    copies: str = ""  # staged: who queued the copies out of the host buffers (readers | coordinator)
 
     def as_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -323,7 +325,8 @@ def _read_direct_steps(fd: int, views: list, offset: int, what: Callable[[], str
 class _Loader:
     def __init__(self, index: FlatIndex, pairs, *, threads: int, chunk_bytes: int, buffers: int | None, verify: bool,
                  direct: bool, progress: Progress | None, mode: str, layout: str = "ranges",
-                 read_bytes: int = 0, fadvise: str | None = None, prefetch_bytes: int = 0, spread: bool = True):
+                 read_bytes: int = 0, fadvise: str | None = None, prefetch_bytes: int = 0, spread: bool = True,
+                 copies: str | None = None):
         import torch
 
         self.torch = torch
@@ -358,6 +361,11 @@ class _Loader:
         if mode == "direct" and self.device != "cpu":
             raise ColdstartError("direct mode reads into host memory: use staged for device destinations")
         self.mode = mode
+        if copies is None:
+            copies = default_copies(self.device)
+        if copies not in ("readers", "coordinator"):
+            raise ColdstartError(f"unknown copy issuer {copies!r} (readers or coordinator)")
+        self.copies = copies
         self.chunk_bytes = max(DIRECT_IO_ALIGN, chunk_bytes - chunk_bytes % DIRECT_IO_ALIGN)
         self.pieces = plan_pieces(self.entries, self.chunk_bytes, digest_chunk=index.chunk_bytes, verify=verify)
         self.max_piece = max((p.length for p in self.pieces), default=0)
@@ -602,7 +610,7 @@ class _Loader:
         for t in ths:
             t.join()
 
-    # -- staged mode: readers fill K host buffers, the coordinator copies them out
+    # -- staged mode: readers fill K host buffers; they, or one coordinator, copy them out
     def run_staged(self) -> None:
         import queue
 
@@ -616,6 +624,20 @@ class _Loader:
         nreaders = min(self.threads, max(1, len(self.pieces)))
 
         ranges = self._split_ranges(nreaders) if self.layout == "ranges" else None
+        views = self.np_views if copier.numpy_views else self.views
+        by_readers = self.copies == "readers"
+
+        def copy_out(piece: Piece, buf) -> None:
+            """Queue the piece's copies and hand the buffer back behind their fence. Readers call it
+            themselves by default: a coordinator that issued every copy was the warm bound on the H100
+            (copy_s 0.1 s of a 0.15 s load, results/gpu)."""
+            t0 = time.perf_counter()
+            fence = copier.copy(piece, buf, views)
+            dt = time.perf_counter() - t0
+            with self.lock:
+                self.copy_s += dt
+            pool.release(buf, fence)
+            self._advance(sum(s.length for s in piece.segments))
 
         def reader(me: int) -> None:
             fd = -1
@@ -635,7 +657,10 @@ class _Loader:
                         hv = copier.host_view(buf)
                         for s in p.segments:
                             self._verify_segment(s, hv[s.boff:s.boff + s.length])
-                    ready.put((p, buf))
+                    if by_readers:
+                        copy_out(p, buf)
+                    else:
+                        ready.put((p, buf))
             except _Stopped:
                 pass
             except BaseException as e:  # noqa: BLE001
@@ -660,12 +685,7 @@ class _Loader:
                     continue
                 if isinstance(item, BaseException):
                     raise item
-                piece, buf = item
-                t0 = time.perf_counter()
-                fence = copier.copy(piece, buf, self.np_views if copier.numpy_views else self.views)
-                self.copy_s += time.perf_counter() - t0
-                pool.release(buf, fence)
-                self._advance(sum(s.length for s in piece.segments))
+                copy_out(*item)
             t0 = time.perf_counter()
             copier.finish()
             self.copy_s += time.perf_counter() - t0
@@ -708,11 +728,14 @@ class CpuCopier:
 
 
 class CudaCopier:
-    """Staged copies to a CUDA device (verified on an H100: tests/gpu): pinned host buffers, async H2D copies on
+    """Staged copies to a CUDA device (verified on an H100 and an H200: tests/gpu): pinned host buffers, async H2D copies on
     a side stream, one event per buffer recorded after its copies; the BufferPool hands the buffer
     back to the readers only after that event completed.
 
-    ``cuda`` is the ``torch.cuda`` module; tests pass a stand-in to run this code without a device.
+    ``copy`` may be called from several reader threads at once: torch's current stream is per thread,
+    and every copy goes to the one side stream, so a buffer's event also covers the copies queued
+    before it. ``cuda`` is the ``torch.cuda`` module; tests pass a stand-in to run this code without a
+    device.
     """
 
     numpy_views = False  # copy() gets torch uint8 views of the destinations
@@ -787,6 +810,7 @@ def load_into(
     fadvise: str | None = "sequential",
     prefetch_bytes: int = 0,
     spread: bool = True,
+    copies: str | None = None,
 ) -> LoadStats:
     """Load a flat dump (its directory or weights.flat) into ``dest`` in place.
 
@@ -809,6 +833,8 @@ def load_into(
     file descriptor (None: no hint); ``prefetch_bytes`` > 0 also asks for that many bytes ahead of
     each reader with POSIX_FADV_WILLNEED. ``spread``: reader threads may run on every CPU the
     process's cpuset allows, whatever mask the calling thread has (vLLM binds its worker to one core).
+    ``copies`` (staged mode): who queues a piece's copies to the destination, "readers" or
+    "coordinator" (None: ``default_copies`` of the device).
     """
     t_start = time.perf_counter()
     if threads is not None and threads <= 0:
@@ -831,7 +857,7 @@ def load_into(
         dev = g[0][1].device.type if g else "cpu"
         parts.append(_load_group(index, g, threads=threads or default_threads(dev), chunk_bytes=chunk_bytes, buffers=buffers, verify=verify,
                                  direct=direct, progress=prog, mode=mode, layout=layout, read_bytes=read_bytes,
-                                 fadvise=fadvise, prefetch_bytes=prefetch_bytes, spread=spread))
+                                 fadvise=fadvise, prefetch_bytes=prefetch_bytes, spread=spread, copies=copies))
         base += parts[-1].bytes
     st = parts[0]
     if len(parts) > 1:
@@ -902,6 +928,15 @@ def default_threads(device_type: str) -> int:
     return 8
 
 
+def default_copies(device_type: str) -> str:
+    """Who issues a staged piece's copies: its reader, as soon as it has read it ("readers"), or one
+    coordinating thread fed by a queue ("coordinator"). Readers for CUDA: the coordinator bounded
+    the warm load on the H100, and readers beat it warm on the H200 (docs/gpu.md). On CPU the staged
+    path is a test and fallback path and keeps the coordinator, whose numpy copies do not compete
+    with the readers for a core."""
+    return "readers" if device_type == "cuda" else "coordinator"
+
+
 def auto_threads() -> int:
     """One reader per CPU this process may use, at most 8 (fio's best job count here was the CPU count)."""
     return max(1, min(8, usable_cpus()))
@@ -932,6 +967,7 @@ def _load_group(index: FlatIndex, pairs, **kw) -> LoadStats:
         phases={"plan": round(t_plan - t_start, 6), "io": round(t_io - t_plan, 6), "finalize": round(t_end - t_io, 6)},
         read_s=ld.read_s, copy_s=ld.copy_s, verify_s=ld.verify_s, wait_s=ld.wait_s, alloc_s=ld.alloc_s, notes=ld.notes,
         layout=ld.layout, read_bytes=ld.read_bytes, fadvise=ld.fadvise or "", reader_cpus=ld.reader_cpus,
+        copies=ld.copies if ld.mode == "staged" else "",
     )
 
 
