@@ -22,3 +22,14 @@ def test_table_gives_medians_restored_counts_speed_up_and_the_warming_bound():
     assert "| tiny | 1.00 | 3.00 | 3.00 | 2.00 | 3.00 | 3.30 | **1.10x** | 4.00 |" in t
     assert "- tiny naive cold rep 0: RuntimeError: boom" in t
     assert "- tiny restore warm rep 3: x" in t
+
+
+def test_host_events_join_the_entrypoints_timeline_on_its_clock():
+    from coldstart.containers.run import with_host_events
+
+    summ = {"restored": True, "events": {"CONTAINER_START": 0.0, "ENTRYPOINT_START": 0.3, "FIRST_TOKEN": 1.2}}
+    out = with_host_events(summ, 0.0123, 0.251)
+    assert list(out["events"]) == ["CONTAINER_START", "CONTAINER_CREATE", "CONTAINER_STARTED", "ENTRYPOINT_START",
+                                   "FIRST_TOKEN"]
+    assert out["events"]["CONTAINER_CREATE"] == 0.0123 and out["restored"] is True
+    assert with_host_events({}, None, 0.2) == {"events": {"CONTAINER_STARTED": 0.2}}

@@ -83,3 +83,54 @@ def test_arena_refuses_moved_tensor(tmp_path: Path):
     m.odd.weight.data = m.odd.weight.data.clone()  # something re-allocated a weight
     with pytest.raises(ColdstartError, match="no longer intact.*odd.weight"):
         arena.map_file(read_index(tmp_path / "flat"))
+
+
+def _anon_kib(addr: int, size: int) -> int:
+    """Anonymous KiB of the mapping that covers [addr, addr+size) (from /proc/self/smaps)."""
+    lines = Path("/proc/self/smaps").read_text().splitlines()
+    for i, line in enumerate(lines):
+        head = line.split()[0]
+        if "-" in head and all(c in "0123456789abcdef-" for c in head):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            if lo <= addr < hi:
+                for x in lines[i + 1:]:
+                    if x.startswith("Anonymous:"):
+                        return int(x.split()[1])
+    raise AssertionError("no mapping covers the arena")
+
+
+def test_settle_moves_mapped_weights_into_anonymous_memory_in_place(tmp_path: Path):
+    """After a map reload the weights are the file's page-cache pages; settle copies them into
+    anonymous memory at the same addresses (the tensors keep their pointers and bytes) and the file
+    is no longer mapped. A stop before it finishes leaves the mapping as it was."""
+    import threading
+
+    m = Tiny()
+    before = _snapshot(m)
+    arena = WeightArena.build(model_tensor_objects(m))
+    dump_tensors(model_tensors(m).items(), tmp_path / "flat")
+    flat = tmp_path / "flat" / "weights.flat"
+    assert arena.settle() == {"settled": False, "why": "the arena is not mapped from a file"}
+    arena.release()
+    arena.map_file(read_index(tmp_path / "flat"), threads=1)
+    ptrs = {n: t.data_ptr() for n, t in model_tensors(m).items()}
+
+    stop = threading.Event()
+    stop.set()
+    out = arena.settle(stop=stop)
+    assert not out["settled"] and "stopped" in out["why"] and file_mapped(flat) and arena.mapped
+
+    assert _anon_kib(arena.addr, arena.size) == 0  # only the file's pages (nothing written yet)
+    out = arena.settle(piece=4096)
+    assert out["settled"] and out["bytes"] == arena.size and out["was"] == str(flat)
+    assert not file_mapped(flat) and arena.mapped is None
+    assert _anon_kib(arena.addr, arena.size) * 1024 >= arena.inplace_bytes
+    for n, t in model_tensors(m).items():
+        assert t.data_ptr() == ptrs[n], n
+        assert torch.equal(t, before[n]), n
+    assert arena.intact() is None
+    # the settled arena sleeps and maps again like a fresh one
+    arena.release()
+    arena.map_file(read_index(tmp_path / "flat"), threads=1)
+    for n, t in model_tensors(m).items():
+        assert torch.equal(t, before[n]), n

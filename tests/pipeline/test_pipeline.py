@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -198,8 +199,9 @@ PROMPTS = ("The capital of France is", "Once upon a time", "def fibonacci(n):", 
 
 def test_restored_greedy_output_equals_a_stock_server(snapshot, tiny_model_dir):
     """Serving parity in answers: the restored server (our worker, weights reloaded then prepacked)
-    and a stock vLLM server (vLLM's own CPU worker) give the same greedy tokens for several prompts,
-    before and after one more sleep(2) → wake → reload cycle; the reload says it prepacked."""
+    and a stock vLLM server (vLLM's own CPU worker) give the same greedy tokens for several prompts:
+    as restored, once its mapped weights have settled into anonymous memory (in the background,
+    while it serves), and after one more sleep(2) → wake → reload cycle; the reload says it prepacked."""
     from coldstart.engine.launcher import EngineSpec, start_engine
     from coldstart.pipeline.checkpoint import reload_weights
 
@@ -224,6 +226,16 @@ def test_restored_greedy_output_equals_a_stock_server(snapshot, tiny_model_dir):
         assert loaded.attrs.get("prepacked_linears", 0) > 0, loaded.attrs
         assert next(e for e in res.timeline.events if e.name == "FIRST_TOKEN").attrs["pages_mapped_bytes"] > 0
         c = EngineClient(res.base_url, timeout=300)
+        assert [c.complete(p, max_tokens=32, seed=0).token_ids for p in PROMPTS] == want
+        # settling: a restore with warming maps the weights; it asks for the settle after READY
+        assert loaded.attrs.get("mode") == "map", loaded.attrs
+        asked = next(e for e in res.timeline.events if e.name == "SETTLE_ASKED").attrs
+        assert asked["started"], asked
+        deadline = time.monotonic() + 120
+        while (st := c.collective_rpc("coldstart_state")[0])["settle"].get("state") == "running":
+            assert time.monotonic() < deadline, st["settle"]
+            time.sleep(0.2)
+        assert st["settle"]["state"] == "done" and st["arena"]["mapped"] is None, st
         assert [c.complete(p, max_tokens=32, seed=0).token_ids for p in PROMPTS] == want
         c.sleep(level=2)
         c.wake_up(["weights"])

@@ -73,6 +73,39 @@ def test_registry_down_falls_back_naming_it(tiny_snapshot, tiny_model_dir, tmp_p
         r.stop()
 
 
+def test_registry_stopped_after_the_mount_falls_back_naming_the_read(tiny_snapshot, tiny_model_dir, tmp_path,
+                                                                     monkeypatch):
+    """The registry goes away after the mount has fetched its index, before the restore read its files
+    (no prefetch, an empty node cache): the mount answers the reads with EIO within its timeout, and
+    the restore falls back to a cold boot that serves, saying why."""
+    from coldstart.registry import mount as mount_mod
+    from coldstart.registry import server
+
+    srv = server.start(tmp_path / "registry", free_port())
+    ref = f"{srv.host}/snapshots/tiny-gone:v1"
+    artifact.push(tiny_snapshot.out, ref)
+    monkeypatch.setenv("COLDSTART_NODE_DIR", str(tmp_path / "node"))
+    monkeypatch.setenv("COLDSTART_LAZY_CACHE", str(tmp_path / "lazy-cache"))
+    real = mount_mod.mount
+
+    def mount_then_stop(r, mountpoint, **kw):
+        m = real(r, mountpoint, prefetch="none", timeout_s=5.0)
+        srv.stop()  # mid-restore: the index is in, not one file chunk
+        return m
+
+    monkeypatch.setattr(mount_mod, "mount", mount_then_stop)
+    lines: list[str] = []
+    r = restore(RestoreOptions(snapshot=tmp_path / "mnt", ref=ref, model=str(tiny_model_dir), port=free_port()),
+                say=lines.append)
+    try:
+        assert not r.restored and r.fallback_reason, r.fallback_reason
+        assert any(ln.startswith("fallback: ") for ln in lines), lines
+        assert r.timeline.get("LAZY_MOUNTED") is not None
+        assert EngineClient(r.base_url, timeout=300).complete("Hello", max_tokens=2).text is not None
+    finally:
+        r.stop()
+
+
 def test_restore_with_its_runtime_from_the_registry(registry, tiny_snapshot, tmp_path, monkeypatch):
     """A node with neither the snapshot nor the runtime: the venv the server runs from is pushed as the
     snapshot's runtime, mounted lazily and seen by the restored server at its checkpoint path; only

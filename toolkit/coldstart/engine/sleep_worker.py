@@ -28,8 +28,12 @@ result) and dropped at sleep level 2, before the weights are released. A handle'
 by C++ and can be neither released nor refilled in place, so it cannot outlive a sleep; plain
 ``F.linear`` on the tensor was up to 1.56× slower per GEMM (docs/engine.md).
 
+After a map reload the weights are page-cache pages of the flat file; ``coldstart_settle()`` copies
+them into anonymous memory in a background thread and swaps the mapping in place (the restore asks
+for it after its first token: a restored server then serves from memory like a stock one's).
+
 Methods callable through POST /collective_rpc (arguments arrive as strings; JSON is decoded):
-``coldstart_reload(path, mode)``, ``coldstart_dump_weights(out_dir)``, ``coldstart_rss()``,
+``coldstart_reload(path, mode)``, ``coldstart_settle()``, ``coldstart_dump_weights(out_dir)``, ``coldstart_rss()``,
 ``coldstart_weights_bytes()``, ``coldstart_state()``, plus vLLM's ``sleep``/``wake_up``/``reload_weights``.
 """
 from __future__ import annotations
@@ -40,6 +44,7 @@ import gc
 import logging
 import mmap
 import os
+import threading
 import time
 import weakref
 from pathlib import Path
@@ -49,6 +54,7 @@ import torch
 
 from vllm.v1.worker.cpu_worker import CPUWorker
 
+from coldstart.cpulist import online_cpus
 from coldstart.engine.plugin import decode_arg, find_flat_dir, model_tensor_objects, model_tensors
 
 log = logging.getLogger("vllm.coldstart.sleep_worker")  # into the server log
@@ -203,6 +209,52 @@ class ColdstartRPCMixin:
         self._cs_saved_buffers = {}
         self._cs_last = {}
         self._cs_arena = None
+        self._cs_settler: threading.Thread | None = None
+        self._cs_settle_stop = threading.Event()
+        self._cs_settled: dict[str, Any] = {}
+
+    def coldstart_settle(self) -> dict:
+        """Start copying mapped weights into anonymous memory in the background (``WeightArena.settle``)
+        and return at once: the engine goes on serving meanwhile. The restore asks for it after its
+        first token; ``coldstart_state()["settle"]`` says when it is done. The thread runs at nice 19
+        on every CPU the process may use (vLLM binds this worker to one core: the copy must not take
+        it from the forward passes)."""
+        arena = self._cs_arena
+        if arena is None or not arena.mapped:
+            return {"started": False, "why": "no arena mapped from a file (copy reload, GPU, or settled already)"}
+        if self._cs_settler is not None and self._cs_settler.is_alive():
+            return {"started": False, "why": "already settling"}
+        self._cs_settle_stop.clear()
+        self._cs_settled = {"state": "running"}
+
+        def work() -> None:
+            try:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+                cpus = online_cpus()
+                if cpus:
+                    os.sched_setaffinity(0, cpus)
+            except OSError:
+                pass
+            try:
+                out = arena.settle(stop=self._cs_settle_stop)
+                out["state"] = "done" if out.get("settled") else "stopped"
+            except Exception as e:  # noqa: BLE001 - the mapped weights stay valid: log it, serve on
+                out = {"state": "failed", "error": str(e)}
+            self._cs_settled = out
+            log.info("coldstart settle: %s", out)
+
+        self._cs_settler = threading.Thread(target=work, name="coldstart-settle", daemon=True)
+        self._cs_settler.start()
+        return {"started": True, "bytes": arena.size}
+
+    def _cs_stop_settling(self) -> None:
+        """Before a sleep or a reload changes the arena: stop a settle in flight and wait for it."""
+        t = self._cs_settler
+        if t is not None and t.is_alive():
+            self._cs_settle_stop.set()
+            t.join()
+        self._cs_settler = None
+        self._cs_settled = {}  # what it reported was about the weights that are about to change
 
     def _cs_model(self) -> torch.nn.Module:
         return self.model_runner.get_model()  # type: ignore[attr-defined]
@@ -229,6 +281,7 @@ class ColdstartRPCMixin:
         model (see plugin.find_flat_dir)."""
         from coldstart.weights.loader import load_into
 
+        self._cs_stop_settling()
         extra = self.vllm_config.load_config.model_loader_extra_config or {}  # type: ignore[attr-defined]
         path = decode_arg(path)
         flat = find_flat_dir(path or self.model_config.model, None if path else extra)  # type: ignore[attr-defined]
@@ -360,7 +413,7 @@ class ColdstartRPCMixin:
                 "weights_bytes": self.coldstart_weights_bytes(),
                 "kv_bytes": sum(n for _, n in unique_storages(self._cs_kv_tensors())),
                 "arena": self._cs_arena.state() if self._cs_arena is not None else None,
-                "reload_mode": default_reload_mode(), "last": self._cs_last}
+                "reload_mode": default_reload_mode(), "last": self._cs_last, "settle": self._cs_settled}
 
 
 class SleepCPUWorker(ColdstartRPCMixin, CPUWorker):
@@ -388,6 +441,7 @@ class SleepCPUWorker(ColdstartRPCMixin, CPUWorker):
     @torch.inference_mode()
     def sleep(self, level: int = 1) -> None:
         level = int(decode_arg(level))
+        self._cs_stop_settling()
         t0 = time.perf_counter()
         rss0 = rss_bytes()
         kv_total, kv_rel = release_tensors(self._cs_kv_tensors())

@@ -55,6 +55,10 @@ def parser() -> argparse.ArgumentParser:
     a("--reload-mode", default="auto", choices=("auto", "map", "copy"),
       help="Weights: map (the snapshot's file mapped over the weight arena; it must stay in place) | copy | "
            "auto (map when the layout matches).")
+    a("--settle", action=argparse.BooleanOptionalAction, default=True,
+      help="After the first token, copy weights served from the mapped snapshot file into anonymous memory in "
+           "the background (the server then serves as fast as a stock one and no longer reads that file); "
+           "--no-settle keeps the mapping.")
     a("--port", type=int, default=int(os.environ[ENV["port"]]) if os.environ.get(ENV["port"]) else None,
       help="Host port (private net: the forwarder's; cold boot: vLLM's)." + env("port"))
     a("--listen", default=os.environ.get(ENV["listen"], "127.0.0.1"),
@@ -95,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
                                  timeout=args.timeout, net=args.net, port=args.port, listen=args.listen,
                                  reload_mode=args.reload_mode, warm_mode=args.warm_mode, warm_method=args.warm_method,
                                  warm_profile=args.warm_profile, warm_record=args.warm_record,
-                                 warm_rest=args.warm_rest, runtime=args.runtime),
+                                 warm_rest=args.warm_rest, runtime=args.runtime, settle=args.settle),
                   say=_say)
     status = "restored" if res.restored else f"cold boot (fallback: {res.fallback_reason})"
     summary = json.dumps({"url": res.base_url, "pid": res.engine.root_pid, "restored": res.restored,

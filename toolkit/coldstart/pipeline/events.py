@@ -36,6 +36,7 @@ class EventName(str, Enum):
     FIRST_TOKEN = "FIRST_TOKEN"
     FALLBACK = "FALLBACK"
     READY = "READY"
+    SETTLE_ASKED = "SETTLE_ASKED"  # after READY: the worker copies mapped weights into anonymous memory, in the background
     # checkpoint side
     CHECKPOINT_START = "CHECKPOINT_START"
     ENGINE_UP = "ENGINE_UP"
