@@ -232,7 +232,7 @@ def render(rows: list[dict], host: str, command: str, input_len: int, output_len
         cyc = {k: v["cycle"] for k, v in info.items() if v.get("cycle")}
         if cyc:
             L.append(f"{size}: reload in a cycle (part of every restore and wake): " + "; ".join(
-                f"{k}: {c.get('mode')} {c.get('seconds', 0):.3f} s, of which prepacking {c.get('prepack_s', 0):.3f} s "
+                f"{k}: {c.get('mode')} {c.get('seconds', 0):.3f} s, then prepacking {c.get('prepack_s', 0):.3f} s "
                 f"({c.get('prepacked_linears', 0)} layers)" for k, c in cyc.items()) + ".")
         ev = info.get("restored", {}).get("restore_events") or {}
         if "ENTRY_READY" in ev and "FIRST_TOKEN" in ev:
