@@ -1,5 +1,6 @@
 """The kernel's CPU list form ('0-2,5'), shared by the loader's reader threads and the restore's
-CPU masks (stages below and above each other both need it)."""
+CPU masks (stages below and above each other both need it), and the one way a helper thread leaves
+the one-core mask vLLM gives its worker (``widen_thread``)."""
 from __future__ import annotations
 
 import os
@@ -32,3 +33,21 @@ def online_cpus() -> set[int]:
         return parse_cpus(Path("/sys/devices/system/cpu/online").read_text())
     except OSError:
         return set(range(os.cpu_count() or 1))
+
+
+def widen_thread() -> tuple[set[int], set[int]] | None:
+    """Let the calling thread run on every online CPU (the kernel keeps only what the cpuset allows).
+    A thread inherits its creator's mask, and vLLM binds its CPU worker to one core: helper threads
+    started there (loader readers, weight packing, settling) would all share that core. Returns
+    (mask before, mask after) when it widened, None when there was nothing to widen or it failed."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    try:
+        mine = os.sched_getaffinity(0)
+        want = online_cpus()
+        if want <= mine:
+            return None
+        os.sched_setaffinity(0, want)
+        return mine, os.sched_getaffinity(0)
+    except OSError:
+        return None

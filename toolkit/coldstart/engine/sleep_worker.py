@@ -54,7 +54,7 @@ import torch
 
 from vllm.v1.worker.cpu_worker import CPUWorker
 
-from coldstart.cpulist import online_cpus
+from coldstart.cpulist import online_cpus, widen_thread
 from coldstart.engine.plugin import decode_arg, find_flat_dir, model_tensor_objects, model_tensors
 
 log = logging.getLogger("vllm.coldstart.sleep_worker")  # into the server log
@@ -169,10 +169,10 @@ def prepack_threads() -> int:
     return max(1, min(8, len(online_cpus())))
 
 
-def prepack_linears(threads: int | None = None) -> tuple[int, float]:
+def prepack_linears(threads: int | None = None) -> tuple[int, float, int]:
     """vLLM's prepacked GEMM handle for every linear layer, from its weight as it is now (vLLM's
     dispatch with remove_weight=False: the tensor stays, for the next sleep and reload). Returns
-    (layers, seconds).
+    (layers, seconds, threads used).
 
     The layers are packed by ``threads`` threads allowed on every online CPU: on an AVX-512 BF16 host
     packing is a real copy of every weight (1.6 s for the bench model's 50 layers, most of its
@@ -180,28 +180,22 @@ def prepack_linears(threads: int | None = None) -> tuple[int, float]:
     is packed by vLLM's own dispatch, as before: the same handles, only built side by side."""
     t0 = time.perf_counter()
     if _ORIG_DISPATCH is None or not prepack_enabled():
-        return 0, time.perf_counter() - t0
+        return 0, time.perf_counter() - t0, 0
     layers = list(_LINEARS)
     n = max(1, min(threads or prepack_threads(), len(layers) or 1))
     if n == 1:
         for layer in layers:
             _ORIG_DISPATCH(layer, False)
-        return len(layers), time.perf_counter() - t0
+        return len(layers), time.perf_counter() - t0, 1
     from concurrent.futures import ThreadPoolExecutor
 
-    cpus = online_cpus()
-
     def pack(layer) -> None:
-        try:  # a thread inherits the worker's one-core mask
-            if cpus:
-                os.sched_setaffinity(0, cpus)
-        except OSError:
-            pass
+        widen_thread()
         _ORIG_DISPATCH(layer, False)
 
     with ThreadPoolExecutor(n, thread_name_prefix="coldstart-prepack") as ex:
         list(ex.map(pack, layers))
-    return len(layers), time.perf_counter() - t0
+    return len(layers), time.perf_counter() - t0, n
 
 
 def unpack_linears() -> int:
@@ -260,11 +254,9 @@ class ColdstartRPCMixin:
         def work() -> None:
             try:
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-                cpus = online_cpus()
-                if cpus:
-                    os.sched_setaffinity(0, cpus)
             except OSError:
                 pass
+            widen_thread()
             try:
                 out = arena.settle(stop=self._cs_settle_stop)
                 out["state"] = "done" if out.get("settled") else "stopped"
@@ -394,9 +386,8 @@ class ColdstartRPCMixin:
         return out
 
     def _cs_prepack(self, threads: Any = None) -> dict:
-        n, secs = prepack_linears(int(threads) if threads else None)
-        return {"prepacked_linears": n, "prepack_s": round(secs, 6),
-                "prepack_threads": int(threads) if threads else prepack_threads()}
+        n, secs, used = prepack_linears(int(threads) if threads else None)
+        return {"prepacked_linears": n, "prepack_s": round(secs, 6), "prepack_threads": used}
 
     @torch.inference_mode()
     def coldstart_dump_weights(self, out_dir: str) -> dict:
@@ -465,7 +456,7 @@ class SleepCPUWorker(ColdstartRPCMixin, CPUWorker):
             a = self._cs_arena
             log.info("coldstart: weights moved into one %d-byte arena (%d tensors, %d left in place: %s) in %.3f s",
                      a.size, len(a.spans), len(a.left_in_place()), a.left_in_place()[:5], time.perf_counter() - t0)
-        n, secs = prepack_linears()  # after the move: a handle copies the weight from where it is
+        n, secs, _ = prepack_linears()  # after the move: a handle copies the weight from where it is
         log.info("coldstart: %d linear layers prepacked in %.3f s", n, secs)
 
     # --- sleep / wake (same contract as vLLM's GPU worker)

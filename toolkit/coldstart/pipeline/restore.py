@@ -691,7 +691,7 @@ def _settle(client, tl: Timeline) -> None:
     """Served from a mapped weights file: ask the worker to move the weights into anonymous memory in
     the background (it answers at once). A refusal or an error costs nothing but the speed-up: the
     mapped weights stay valid, so it is recorded, never a reason to fall back."""
-    loaded = next((e for e in reversed(tl.events) if e.name == EventName.WEIGHTS_LOADED.value), None)
+    loaded = tl.get(EventName.WEIGHTS_LOADED)
     if loaded is None or loaded.attrs.get("mode") != "map":
         return
     try:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from coldstart.cpulist import format_cpus, online_cpus
+from coldstart.cpulist import format_cpus, widen_thread
 from coldstart.errors import ColdstartError
 from coldstart.weights.format import FlatIndex, TensorEntry, align_up, hasher, read_index, torch_dtype
 
@@ -396,23 +396,15 @@ class _Loader:
 
     # -- shared helpers
     def _spread(self) -> None:
-        """Let this reader thread run on every CPU the process may use. A thread inherits its
-        creator's mask, and vLLM binds its CPU worker to one core: eight readers started there shared
-        it, and a buffered read is a memcpy on the reader's CPU (docs/weights.md, "Reader CPUs")."""
-        if not self.spread or not hasattr(os, "sched_setaffinity"):
+        """Let this reader thread run on every CPU the process may use: a buffered read is a memcpy
+        on the reader's CPU, and eight readers started in vLLM's one-core worker shared that core
+        (docs/weights.md, "Reader CPUs")."""
+        if not self.spread:
             return
-        try:
-            mine = os.sched_getaffinity(0)
-            want = online_cpus()  # the kernel keeps only what the cpuset allows
-            if want <= mine:
-                return
-            os.sched_setaffinity(0, want)
-            now = os.sched_getaffinity(0)
-        except OSError:
-            return
-        if now != mine and not self.reader_cpus:
+        widened = widen_thread()
+        if widened is not None and widened[0] != widened[1] and not self.reader_cpus:
             with self.lock:
-                self.reader_cpus = f"{format_cpus(mine)} -> {format_cpus(now)}"
+                self.reader_cpus = f"{format_cpus(widened[0])} -> {format_cpus(widened[1])}"
 
     def _open(self) -> int:
         self._spread()
