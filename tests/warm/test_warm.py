@@ -155,6 +155,29 @@ def test_cancel_stops_readers_promptly(big_file, mode):
 
 
 @retry_on_external_drop
+def test_gated_readers_read_nothing_until_the_gate_opens(warm_dir):
+    """A host warming for a container waits for docker's start call (containers.run.HostWarm)."""
+    import threading
+
+    files = sorted(p for p in warm_dir.iterdir() if p.is_file())
+    _evict_all(files)
+    gate = threading.Event()
+    w = make_warmer([warm_dir], mode="native", gate=gate).start()
+    time.sleep(0.3)
+    assert w.issued() == [] and w.stats.bytes == 0 and not w.done
+    gate.set()
+    stats = w.wait(timeout=60)
+    assert stats.finished and not stats.cancelled and stats.bytes == stats.planned
+    for f in files:
+        assert_fully_resident(f)
+
+    closed = make_warmer([warm_dir], mode="native", gate=threading.Event()).start()
+    closed.cancel()  # a cancel while gated ends the readers without a read
+    stats = closed.wait(timeout=10)
+    assert stats.finished and stats.cancelled and closed.issued() == []
+
+
+@retry_on_external_drop
 def test_missing_or_unreadable_file_is_an_error_not_a_stop(warm_dir, tmp_path):
     good = warm_dir / "criu" / "pages-1.img"
     fifo = tmp_path / "fifo"
@@ -276,6 +299,34 @@ def test_profile_sees_mmap_accesses_even_when_cached(warm_dir):
     firsts = [next(i for i, r in enumerate(mapped) if r.offset <= off < r.offset + r.length) for off in offsets]
     assert firsts == sorted(firsts)
     assert all(r.source == "pagemap" for r in prof.ranges)  # the page cache signal had nothing new
+
+
+@retry_on_external_drop
+def test_profile_follows_a_restored_tree_that_was_born_before_the_recorder(warm_dir):
+    """The restore starts CRIU before its warmer (and recorder): the processes alive before CRIU
+    (``old_pids``) are the old ones, so a task forked before the recorder started, mapping the file
+    only later, is still watched."""
+    import os
+
+    pages = warm_dir / "criu" / "pages-1.img"
+    start_warming([pages], mode="native").wait()
+    offsets = [64 * MiB, 8 * MiB]
+    old = {int(d) for d in os.listdir("/proc") if d.isdigit()}
+    p = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.readline(); exec(sys.stdin.read())",
+                          str(pages), *map(str, offsets)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.2)
+        rec = ProfileRecorder([pages], root=warm_dir, interval=0.01, old_pids=old).start()
+        time.sleep(0.3)  # the child is already alive: a recorder without old_pids would take it for old
+        p.stdin.write("\n" + _TOUCHER.replace("sys.stdin.readline()", "time.sleep(0.6)") + "\n")
+        p.stdin.close()
+        assert p.stdout.readline().startswith("touched")
+        time.sleep(0.3)
+        prof = rec.stop()
+    finally:
+        p.kill()
+        p.wait()
+    assert any(r.source == "pagemap" and r.offset <= offsets[0] < r.offset + r.length for r in prof.ranges)
 
 
 @retry_on_external_drop

@@ -16,6 +16,14 @@ bench = typer.Typer(help="Benchmarks; raw results (jsonl) and tables go under re
 app.add_typer(bench, name="bench")
 
 
+@bench.callback()
+def _bench_watch() -> None:
+    """Benchmarks; raw results (jsonl) and tables go under results/."""
+    from coldstart.bench import host
+
+    host.watch()  # what else ran during the benchmark, for its table's host line
+
+
 STAGES = ("models", "weights", "criu", "warm", "engine", "pipeline", "registry", "containers", "matrix",
           "metrics", "bench")  # bench: the benchmarks that span stages (coldstart.bench)
 

@@ -40,12 +40,11 @@ def bench_lazy(
     with prefetch, beside a warm local restore; the registry in its own network namespace behind a
     shaped link, the node emptied before each start."""
     import shlex
-    import socket
     import sys
 
     from coldstart.bench import lazy
     from coldstart.fsutil import write_results
-    from coldstart.pipeline import hostfacts
+    from coldstart.bench import host as hostwatch
     from coldstart.warm.snapshot import node_profile
 
     say = lambda m: typer.echo(m, err=True)  # noqa: E731
@@ -66,9 +65,7 @@ def bench_lazy(
             chosen = tuple(m for m in chosen if m != "nydus")
     rows = lazy.run_bench(cases, [float(r) for r in rates.split(",") if r], reps, work, say, methods=chosen,
                           runtime=Path(os.path.realpath(sys.prefix)) if runtime else None)
-    h = hostfacts.collect()
-    host = (f"Host: {h.cpu_model}, {os.cpu_count()} cores, kernel {h.kernel} ({socket.gethostname()}). "
-            "CPU-measured; unverified on GPU. Link: veth + tc tbf, no added latency (no netem in this kernel).")
+    host = hostwatch.line() + " Link: veth + tc tbf, no added latency (no netem in this kernel)."
     command = "coldstart bench lazy " + " ".join(shlex.quote(a) for a in sys.argv[3:])
     table = lazy.render(rows, host, command)
     write_results(out, rows, table, command)
@@ -85,17 +82,15 @@ def bench_mount(
     """Sequential and random read throughput of one large file through the lazy mount (uncached:
     fetched from a loopback registry; cached: from the node's chunk cache) against the local disk."""
     import shlex
-    import socket
     import sys
 
     from coldstart.bench import mount
     from coldstart.fsutil import write_results
-    from coldstart.pipeline import hostfacts
+    from coldstart.bench import host as hostwatch
 
     say = lambda m: typer.echo(m, err=True)  # noqa: E731
     rows = mount.run_bench(work, int(size_gib * 2**30), reps, random_reads, say)
-    h = hostfacts.collect()
-    host = f"Host: {h.cpu_model}, {os.cpu_count()} cores, kernel {h.kernel} ({socket.gethostname()}). CPU-only."
+    host = hostwatch.line()
     command = "coldstart bench mount " + " ".join(shlex.quote(a) for a in sys.argv[3:])
     table = mount.render(rows, host, command)
     write_results(out, rows, table, command)
@@ -120,11 +115,11 @@ def bench_serve(
     one more sleep/wake cycle) against a stock cold-booted vLLM server, with vLLM's own serving
     benchmark."""
     import shlex
-    import socket
     import sys
 
     from coldstart.bench import serve
     from coldstart.fsutil import write_results
+    from coldstart.bench import host as hostwatch
     from coldstart.pipeline import hostfacts
 
     say = lambda m: typer.echo(m, err=True)  # noqa: E731
@@ -139,8 +134,7 @@ def bench_serve(
     cases = _snapshots(sizes, work, say)
     rows = serve.run_bench(cases, concs, dict(zip(concs, counts)), rounds, input_len, output_len, work / "raw", say,
                            phases=chosen)
-    h = hostfacts.collect()
-    host = f"Host: {h.cpu_model}, {os.cpu_count()} cores, kernel {h.kernel} ({socket.gethostname()}), vLLM {h.vllm}."
+    host = hostwatch.line(f"vLLM {hostfacts.collect().vllm}")
     command = "coldstart bench serve " + " ".join(shlex.quote(a) for a in sys.argv[3:])
     table = serve.render(rows, host, command, input_len, output_len)
     write_results(out, rows, table, command)

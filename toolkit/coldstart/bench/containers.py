@@ -65,10 +65,12 @@ def summary(ctr, deadline: float) -> dict:
     return {}
 
 
-def one_start(c, image: str, method: str, model: Path, snap: Path, layers: list[Path] | None = None) -> dict:
+def one_start(c, image: str, method: str, model: Path, snap: Path, layers: list[Path] | None = None,
+              host_warm: dict | None = None) -> dict:
     """One container start, timed from the docker-py create call (COLDSTART_T0, passed in) to the first
     completion through the published port. ``method``: naive | restore | restore+hostwarm (``layers``:
-    the image's layer dirs, docker_api.image_layers, looked up before the clock starts)."""
+    the image's layer dirs, docker_api.image_layers, looked up before the clock starts; ``host_warm``:
+    run.HostWarm's shape, its defaults when None)."""
     from coldstart.containers import run
     from coldstart.engine.launcher import free_port
     from coldstart.bench.warm import block_device, device_read_bytes
@@ -77,7 +79,7 @@ def one_start(c, image: str, method: str, model: Path, snap: Path, layers: list[
     port = free_port()
     read0 = device_read_bytes(dev)
     t0, wall0 = time.monotonic(), time.time()
-    warmer = run.host_warm(snap, layers) if method == "restore+hostwarm" else None
+    warmer = run.host_warm(snap, layers, **(host_warm or {})) if method == "restore+hostwarm" else None
     if method == "naive":
         ctr = run.create_naive(c, image, model, port)
     else:
@@ -87,6 +89,8 @@ def one_start(c, image: str, method: str, model: Path, snap: Path, layers: list[
     try:
         ctr.start()
         row["started_s"] = round(time.monotonic() - t0, 3)
+        if warmer is not None:
+            warmer.container_started()
         t1 = first_completion(port, str(model), t0 + 900, ctr)
         row["first_token_s"] = round(t1 - t0, 3)
         row["disk_read_bytes"] = device_read_bytes(dev) - read0
@@ -142,6 +146,9 @@ def run_bench(c, image: str, cases: list[tuple[str, Path, Path]], *, reps: int, 
         prof = node_profile(snap)
         if prof is not None:
             prof.unlink(missing_ok=True)
+        # cold, as on a node that just received the snapshot: a restore that finds it all in the page
+        # cache (the checkpoint has just written it) does not warm, so records no profile
+        drop_caches()
         rows.append({"size": size, "method": "first-on-node", **one_start(c, image, "restore", model, snap, layers)})
         say(json.dumps(rows[-1]))
     for rep in range(reps):

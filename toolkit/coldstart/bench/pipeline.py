@@ -49,12 +49,11 @@ def _write(out_dir: Path, rows: list[dict], table: str, argv: list[str]) -> None
 
 
 def _host_line() -> str:
+    from coldstart.bench import host
     from coldstart.pipeline import hostfacts
 
     h = hostfacts.collect()
-    la = os.getloadavg()
-    return (f"Host: {h.cpu_model}, {os.cpu_count()} cores, kernel {h.kernel}, vLLM {h.vllm}, torch {h.torch}; "
-            f"load average at the end of the run {la[0]:.1f}/{la[1]:.1f}/{la[2]:.1f}. CPU-measured; unverified on GPU.")
+    return host.line(f"vLLM {h.vllm}", f"torch {h.torch}")
 
 
 METHODS = ("stock", "copy", "map", "auto")  # auto: what `coldstart restore` uses (map if cached, else copy)

@@ -962,7 +962,11 @@ def summarize(records: list[dict], cfg: BenchConfig, host: dict, skipped: dict[s
     s = host["storage"]
     lines.append(f"Host: {host['cpus']} CPUs ({host['cpu']}), {host['mem_gib']} GiB, kernel {host['kernel']}, "
                  f"storage {s.get('name', '?')} ({s.get('fs', '?')}, read_ahead_kb {s.get('read_ahead_kb', '?')}); "
-                 f"shared, noisy VM: compare ratios within this run, not absolute numbers across runs.  ")
+                 f"compare ratios within this run, not absolute numbers across runs.  ")
+    from coldstart.bench.host import watch
+
+    seen = watch().describe()
+    lines.append(f"{seen[:1].upper()}{seen[1:]}.  ")
     lines.append(f"{cfg.reps} repetitions per cell, all cells shuffled within each repetition (seed {cfg.seed}); "
                  f"medians. Cold = `{cfg.evict_method}`"
                  f"{' + posix_fadvise(DONTNEED)' if cfg.evict_method == 'drop_caches' else ' (posix_fadvise DONTNEED of the files)'}"

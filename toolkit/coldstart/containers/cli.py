@@ -113,7 +113,10 @@ def restore_command(
     ctr = run.create_restore(c, img.tag, snap, model, port, name=name, env=env, host_warms=host_warm)
     created_s = time.monotonic() - t0
     ctr.start()
-    _serve_container(ctr, port, t0, warmer, created_s, time.monotonic() - t0)
+    started_s = time.monotonic() - t0
+    if warmer is not None:
+        warmer.container_started()
+    _serve_container(ctr, port, t0, warmer, created_s, started_s)
 
 
 @container_app.command("run-cold")
@@ -151,7 +154,6 @@ def bench_container(
 ) -> None:
     """Container restore (with and without host warming overlapped with create) vs the naive container
     start, first token from the docker-py create call; the disk's bandwidth measured in the same run."""
-    import os
     import shlex
     import sys
 
@@ -160,7 +162,7 @@ def bench_container(
     from coldstart.errors import ColdstartError
     from coldstart.fsutil import write_results
     from coldstart.models.tiny import cached_model
-    from coldstart.pipeline import hostfacts
+    from coldstart.bench import host as hostwatch
 
     say = lambda m: typer.echo(m, err=True)  # noqa: E731
     c = docker_api.client(host)
@@ -177,9 +179,7 @@ def bench_container(
         cases.append((size, model, snap))
     rows = cbench.run_bench(c, img.tag, cases, reps=reps, caches=tuple(x for x in caches.split(",") if x), say=say,
                             naive_reps=naive_reps)
-    h = hostfacts.collect()
-    host_line = (f"Host: {h.cpu_model}, {os.cpu_count()} cores, kernel {h.kernel}; docker "
-                 f"{docker_api.daemon_facts(c).version}; image {img.tag}. CPU-measured; unverified on GPU.")
+    host_line = hostwatch.line(f"docker {docker_api.daemon_facts(c).version}", f"image {img.tag}")
     command = "coldstart bench container " + " ".join(shlex.quote(a) for a in sys.argv[3:])
     table = cbench.render(rows, host_line, command)
     write_results(out, rows, table, command)

@@ -142,8 +142,11 @@ class HostWarm:
     with O_DIRECT after the restore otherwise); the rest of the snapshot is the entrypoint's, after
     its first token."""
 
-    def __init__(self, snapshot: Path, layers: list[Path] | None = None):
+    def __init__(self, snapshot: Path, layers: list[Path] | None = None, *, after_start: bool = False,
+                 threads: int | None = None, chunk: int | None = None):
         self.warmer = None
+        self.gate = threading.Event() if after_start else None
+        self._shape = {k: v for k, v in (("threads", threads), ("chunk", chunk)) if v}
         self.stats: WarmStats | None = None
         self.error: str | None = None
         self._cancelled = False
@@ -159,11 +162,12 @@ class HostWarm:
             m = read_manifest(snapshot)
             self.warmer = start_warming(warm_paths(snapshot, m), profile="auto", record="off", mapped=bool(layers),
                                         rest="never" if layers else "now",
-                                        remap=layer_remap(layers) if layers else None)
+                                        remap=layer_remap(layers) if layers else None,
+                                        **({"gate": self.gate} if self.gate else {}), **self._shape)
             st = self.warmer.wait()
             weights = snapshot / m.weights["flat"] if m.weights.get("flat") else None
             if st.profile_used and weights is not None and not self._cancelled:
-                self.warmer = start_warming([weights], profile="off", record="off", mapped=False)
+                self.warmer = start_warming([weights], profile="off", record="off", mapped=False, **self._shape)
                 st2 = self.warmer.wait()
                 st = WarmStats(mode=st.mode, bytes=st.bytes + st2.bytes, planned=st.planned + st2.planned,
                                finished=st2.finished, profile_used=True, errors=st.errors + st2.errors)
@@ -172,23 +176,29 @@ class HostWarm:
         except Exception as e:  # noqa: BLE001 - warming is an optimisation: the restore goes on
             self.error = f"{type(e).__name__}: {e}"
 
+    def container_started(self) -> None:
+        """Docker's start call returned: with ``after_start``, the reads begin now."""
+        if self.gate is not None:
+            self.gate.set()
+
     def wait(self, timeout: float | None = None) -> WarmStats | None:
         self._t.join(timeout)
         return self.stats
 
     def cancel(self) -> None:
         self._cancelled = True
+        self.container_started()
         if self.warmer is not None:
             self.warmer.cancel()
 
 
-def host_warm(snapshot: Path, layers: list[Path] | None = None) -> HostWarm:
+def host_warm(snapshot: Path, layers: list[Path] | None = None, **shape) -> HostWarm:
     """Warm, on the host and from the moment the container is created, what the restore will read.
     With the node's recorded profile (a previous replica's) and ``layers`` (the image's layer dirs,
     docker_api.image_layers): the ranges the profile names, the image's files the entrypoint and the
     restored server read among them; the rest is the entrypoint's own warmer's, after its first
     token. Otherwise the snapshot's bulk files (pipeline.restore.warm_paths) whole."""
-    return HostWarm(snapshot, layers)
+    return HostWarm(snapshot, layers, **shape)
 
 
 def create_naive(c, image: str, model: Path, host_port: int, kv_cache_bytes: int = 256 << 20):

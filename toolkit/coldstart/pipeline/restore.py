@@ -270,7 +270,8 @@ class _BackgroundWarm:
     """Imports and starts the warm stage's warmer on a thread, so that its start-up (imports, plan)
     never delays the restore itself; WARM_START is marked when it really starts."""
 
-    def __init__(self, paths: list[Path], tl: Timeline, opts: "RestoreOptions | None" = None, remap=None):
+    def __init__(self, paths: list[Path], tl: Timeline, opts: "RestoreOptions | None" = None, remap=None,
+                 old_pids: set[int] | None = None):
         import threading
 
         self.warmer = None
@@ -292,6 +293,8 @@ class _BackgroundWarm:
             kw["rest"] = opts.warm_rest
         if remap is not None:
             kw["remap"] = remap
+        if old_pids is not None:
+            kw["old_pids"] = old_pids
         self._t = threading.Thread(target=self._run, args=(paths, kw), name="coldstart-warm", daemon=True)
         self._t.start()
 
@@ -380,13 +383,14 @@ def warm_paths(snap: Path, m: Manifest) -> list[Path]:
 
 
 def _start_warming(snap: Path, m: Manifest, tl: Timeline, opts: "RestoreOptions | None" = None,
-                   remap=None) -> _BackgroundWarm | None:
+                   remap=None, old_pids: set[int] | None = None) -> _BackgroundWarm | None:
     """Background page-cache warming of the pages images, then the weights file (warm stage); with a
     recorded profile, its order, and the ranges of the libraries the restored server maps (``remap``:
-    where those are seen from here, e.g. in a runtime mounted elsewhere)."""
+    where those are seen from here, e.g. in a runtime mounted elsewhere). ``old_pids``: the
+    processes alive before CRIU started (a recording watches the others: the restored tree)."""
     if importlib.util.find_spec("coldstart.warm") is None:
         return None
-    return _BackgroundWarm(warm_paths(snap, m), tl, opts, remap)
+    return _BackgroundWarm(warm_paths(snap, m), tl, opts, remap, old_pids)
 
 
 def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say, rt: Runtime | None = None) -> RestoreResult:
@@ -397,10 +401,11 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say, r
         st = _place_state(snap, m, opts, undo)
         # Every program this process runs is started before its threads: an exec from a vfork'd
         # child while other threads ran failed once in ~120 restores ("Bad address").
+        old_pids = {int(d) for d in os.listdir("/proc") if d.isdigit()}  # before the restored tree
         popen = _criu_start(criu, mmap, snap, m, st, tl, undo, rt)
         checks = _start_verify(snap, m, opts, tl)
         try:
-            warmer = (_start_warming(snap, m, tl, opts, rt.remap if rt is not None else None)
+            warmer = (_start_warming(snap, m, tl, opts, rt.remap if rt is not None else None, old_pids)
                       if opts.warm and opts.warm_mode != "off" else None)
             if warmer is not None:
                 undo.callback(warmer.cancel)

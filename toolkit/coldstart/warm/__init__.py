@@ -78,7 +78,7 @@ def snapshot_id(root: Path) -> str:
 def start_warming(paths: list[Path] | list[str], *, mode: str | None = None, profile: Path | None | str = "auto",
                   order: list[Path] | None = None, threads: int | None = None, progress=None,
                   record: bool | str | None = None, mapped: bool = True, rest: str = "now",
-                  remap=None, **kw) -> Warmer:
+                  remap=None, old_pids: set[int] | None = None, **kw) -> Warmer:
     """Start warming ``paths`` (files or directories) in the background and return at once.
 
     Order: ``profile`` ranges first, then ``order``'s files, then small files, CRIU
@@ -92,7 +92,8 @@ def start_warming(paths: list[Path] | list[str], *, mode: str | None = None, pro
     with a profile): what the profile does not name is warmed "now" (after the profile's ranges),
     "after" ``release()`` (the restore calls it at first token) or "never". ``remap`` (native mode):
     where the profile's absolute-path files are seen from here (a container's files seen from the
-    host, through the image's layers). Never raises for a bad file or profile: errors land in
+    host, through the image's layers). ``old_pids``: processes alive before the restore began (the
+    recorder watches the others: the restored tree). Never raises for a bad file or profile: errors land in
     ``wait().errors``."""
     from coldstart.warm import snapshot as snapmod
 
@@ -131,5 +132,5 @@ def start_warming(paths: list[Path] | list[str], *, mode: str | None = None, pro
         record = {"force": True, "on": True, "off": False}.get(record)  # "auto" -> None
     if root is not None and (record if record is not None else snapmod.should_record(root, profile)):
         return snapmod.RecordingWarmer(w, root, [p for p in expand_paths(list(paths)) if p.is_file()],
-                                        snapshot_id=sid, track_mapped=mapped).start()
+                                        snapshot_id=sid, track_mapped=mapped, old_pids=old_pids).start()
     return w.start()

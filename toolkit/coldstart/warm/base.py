@@ -222,13 +222,14 @@ class BaseWarmer:
     def __init__(self, paths: list[Path] | list[str], *, chunk: int, profile: Path | None = None,
                  order: list[Path] | None = None, progress: ProgressFn | None = None,
                  profile_only: list[Path] | None = None, rest: str = "now",
-                 remap: Callable[[Path], Path] | None = None):
+                 remap: Callable[[Path], Path] | None = None, gate: threading.Event | None = None):
         if rest not in ("now", "after", "never"):
             raise ValueError(f"rest={rest!r}: now | after | never")
         self.plan = make_plan(paths, chunk=chunk, profile=profile, order=order, profile_only=profile_only,
                               remap=remap)
         self.progress = progress
         self._cancel = threading.Event()
+        self._gate = gate
         # with a profile, what it does not name can wait: "after" = until release() (first token),
         # "never" = not warmed at all. Unneeded bytes read during the restore compete for the disk.
         self.rest = rest if self.plan.profile_used else "now"
@@ -279,6 +280,18 @@ class BaseWarmer:
     def release(self) -> None:
         """The restore is through (first token): the ranges held back by ``rest="after"`` may go."""
         self._released.set()
+
+    def _await_gate(self) -> bool:
+        """Readers hold their first read until ``gate`` opens (or cancel()); the plan is made at once.
+        A host warming for a container waits for docker's start call: runc, the shim and
+        docker-proxy are read cold from the host's disk, one small read after another, and each
+        waited behind the warmer's queue (the start call took 1.3-2.5 s instead of 0.3-0.5 s)."""
+        if self._gate is None:
+            return True
+        while not self._gate.wait(0.02):
+            if self._cancel.is_set():
+                return False
+        return not self._cancel.is_set()
 
     def _may_take(self, index: int) -> bool:
         """Block a reader at the start of the held-back rest until release() or cancel(); the rest

@@ -36,11 +36,11 @@ class NativeWarmer(BaseWarmer):
                  chunk: int = DEFAULT_CHUNK, method: str = "pread", max_inflight: int | None = None,
                  profile: Path | None = None, order: list[Path] | None = None,
                  progress: ProgressFn | None = None, profile_only: list[Path] | None = None,
-                 rest: str = "now", remap=None):
+                 rest: str = "now", remap=None, gate: threading.Event | None = None):
         if method not in ("pread", "willneed", "populate"):
             raise ValueError(f"unknown native warming method {method!r} (pread|willneed|populate)")
         super().__init__(paths, chunk=chunk, profile=profile, order=order, progress=progress,
-                         profile_only=profile_only, rest=rest, remap=remap)
+                         profile_only=profile_only, rest=rest, remap=remap, gate=gate)
         self.method = method
         self.chunk = chunk
         self.max_inflight = max_inflight or threads * chunk
@@ -95,6 +95,8 @@ class NativeWarmer(BaseWarmer):
 
     # -- work
     def _take(self) -> Range | None:
+        if self._gate is not None and not self._gate.is_set() and not self._await_gate():
+            return None
         if not self._released.is_set():
             with self._lock:
                 nxt = self._next

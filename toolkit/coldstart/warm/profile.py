@@ -154,12 +154,17 @@ class ProfileRecorder:
 
     def __init__(self, paths: list[Path] | list[str], *, root: Path | None = None, interval: float = 0.02,
                  warmer=None, pids: list[int] | None = None, snapshot_id: str = "",
-                 use_pagemap: bool = True, track_mapped: bool = False, trim: bool = True):
+                 use_pagemap: bool = True, track_mapped: bool = False, trim: bool = True,
+                 old_pids: set[int] | None = None):
         self.paths = [p for p in expand_paths(list(paths)) if p.is_file()]
         self.root = Path(root).absolute() if root else Path(os.path.commonpath([str(p.parent) for p in self.paths])) if self.paths else Path.cwd()
         self.interval = interval
         self.warmer = warmer
         self.pids = pids
+        # processes that are not the restored tree: those alive when the restore began (the caller's
+        # list; else those alive at start(): a recorder started after CRIU had forked the restored
+        # tasks took them for old ones and recorded neither their page faults nor their libraries)
+        self._given_old = old_pids
         self.snapshot_id = snapshot_id
         self.use_pagemap = use_pagemap
         self.track_mapped = track_mapped and use_pagemap
@@ -386,7 +391,8 @@ class ProfileRecorder:
 
     def start(self) -> "ProfileRecorder":
         self._t0 = time.monotonic()
-        self._old_pids = {int(d) for d in os.listdir("/proc") if d.isdigit()}
+        self._old_pids = (set(self._given_old) if self._given_old is not None
+                          else {int(d) for d in os.listdir("/proc") if d.isdigit()})
         if self.pids is None:  # processes that mapped the files before we started: one slow scan, aside
             threading.Thread(target=self._scan_old, name="coldstart-profile-scan", daemon=True).start()
         for p in self.paths:  # baseline: already-resident pages have no known order

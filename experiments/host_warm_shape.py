@@ -1,0 +1,87 @@
+"""When and how hard should the host warm a snapshot while docker creates and starts the restore
+container? results/container-avx512 showed the host warmer (8 readers x 8 MiB in flight from the
+create call) delaying docker's own start call from 0.3-0.5 s to 1.3-2.5 s, which ate what the
+warming saved.
+
+Cold page cache (dropped before every start), one restore container at a time, in variants of the
+host warmer: from the create call or from the moment docker's start call returns (``after_start``),
+and its readers x chunk. For each start: seconds from the create call to the first completion
+through the published port, the start call's return, the entrypoint's events, bytes read from the
+disk. One unmeasured restore first (the first on this node: verifies, records the profile).
+
+    .venv/bin/python experiments/host_warm_shape.py --size bench --reps 3 \\
+        --out results/spot-checks/host-warm-shape/bench.jsonl
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from coldstart.bench.containers import one_start
+from coldstart.bench.criu import drop_caches
+from coldstart.containers import docker_api, image, run
+from coldstart.models.tiny import cached_model
+from coldstart.pipeline.integrity import NodeRecord
+from coldstart.warm.snapshot import node_profile
+
+MiB = 1 << 20
+VARIANTS = {
+    "none": None,  # the restore alone, no host warming
+    "create-8x8M": {"after_start": False, "threads": 8, "chunk": 8 * MiB},
+    "started-8x8M": {"after_start": True, "threads": 8, "chunk": 8 * MiB},
+    "create-2x2M": {"after_start": False, "threads": 2, "chunk": 2 * MiB},
+    "started-2x4M": {"after_start": True, "threads": 2, "chunk": 4 * MiB},
+}
+REPO = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", default="bench")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--work", type=Path, default=Path("/var/tmp/coldstart-bench-container"))
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args()
+    c = docker_api.client(None)
+    img = image.app_image(c, REPO, say=print)
+    layers = docker_api.image_layers(c, img.tag)
+    model = cached_model(a.size)
+    snap = a.work / img.tag.replace(":", "-") / a.size
+    if not (snap / "manifest.json").exists():
+        print(f"checkpointing {a.size} in a container -> {snap}", flush=True)
+        res = run.checkpoint(c, img.tag, model, snap)
+        if res.exit_code != 0:
+            raise SystemExit(f"checkpoint failed: {res.logs.strip().splitlines()[-1:]}")
+    variants = [v.strip() for v in a.variants.split(",") if v.strip()]
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    with open(a.out, "w") as out:
+        # the first restore on this node: verifies, records the access profile the host warms from
+        NodeRecord().forget_all()
+        prof = node_profile(snap)
+        if prof is not None:
+            prof.unlink(missing_ok=True)
+        drop_caches()  # with the snapshot still cached from the checkpoint, the restore would not record
+        first = one_start(c, img.tag, "restore", model, snap, layers)
+        meta = json.loads(node_profile(snap).read_text()).get("meta", {}) if node_profile(snap) else {}
+        print(json.dumps({"first_on_node_s": first.get("first_token_s"), "profile": meta}), flush=True)
+        out.write(json.dumps({"size": a.size, "variant": "first-on-node", "profile_meta": meta, **first}) + "\n")
+        for rep in range(a.reps):
+            for v in (variants if rep % 2 == 0 else variants[::-1]):
+                drop_caches()
+                shape = VARIANTS[v]
+                method = "restore" if shape is None else "restore+hostwarm"
+                row = {"size": a.size, "variant": v, "shape": shape, "rep": rep,
+                       **one_start(c, img.tag, method, model, snap, layers, host_warm=shape)}
+                ev = row.get("events") or {}
+                print(json.dumps({"variant": v, "rep": rep, "first_token_s": row.get("first_token_s"),
+                                  "started_s": row.get("started_s"), "entry_ready": ev.get("ENTRY_READY"),
+                                  "restore_done": ev.get("RESTORE_DONE"), "weights": ev.get("WEIGHTS_LOADED"),
+                                  "read_gib": round((row.get("disk_read_bytes") or 0) / 2**30, 2),
+                                  "error": row.get("error")}), flush=True)
+                out.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
