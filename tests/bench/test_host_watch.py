@@ -3,6 +3,7 @@ benchmark's own children are not."""
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 
 from coldstart.bench.host import HostWatch
@@ -11,7 +12,7 @@ from coldstart.bench.host import HostWatch
 def test_a_busy_process_outside_the_benchmark_is_named_and_its_own_child_is_not() -> None:
     # the outer shell exits at once: its busy child is re-parented, no longer this process's descendant
     subprocess.run(["sh", "-c", "(exec timeout 4 sh -c 'while :; do :; done') >/dev/null 2>&1 &"], check=True)
-    own = subprocess.Popen(["timeout", "4", "python3", "-c", "while True: pass"])
+    own = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 6\nwhile time.time() < end: pass"])
     w = HostWatch(every=0.5, min_cores=0.2).start()
     try:
         time.sleep(2.6)

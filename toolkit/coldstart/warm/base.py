@@ -188,6 +188,10 @@ def make_plan(paths: list[Path] | list[str], *, chunk: int, profile: Path | None
                 ranges.extend(_split(path, off, length, chunk))
                 covered.setdefault(path, []).append((off, off + length))
             profile_used = bool(ranges)
+            # the weights last within the profile: a first restore's warmer and loader read them
+            # before the restored server had faulted in most of its pages, and the recorder saw that
+            # order; a restore needs them only at its wake, after those pages (sort is stable)
+            ranges.sort(key=lambda r: r.path.suffix == ".flat")
     profile_end = len(ranges)
     for p in names:
         if p in only:
