@@ -103,6 +103,7 @@ def one_start(c, image: str, method: str, model: Path, snap: Path, layers: list[
         row["error"] = f"{type(e).__name__}: {e}"
     finally:
         if warmer is not None:
+            warmer.container_started()  # (a failed start call never opened its gate)
             st = warmer.wait()
             row["host_warm"] = {"bytes": getattr(st, "bytes", None), "seconds": getattr(st, "seconds", None),
                                 "error": warmer.error}

@@ -140,9 +140,12 @@ class HostWarm:
     made on a thread, so the create call is not delayed by it. With a profile: its ranges first,
     then the weights file whole (the reload maps it when it is in the page cache, and reads it
     with O_DIRECT after the restore otherwise); the rest of the snapshot is the entrypoint's, after
-    its first token."""
+    its first token. The plan is made at once but the reads wait until docker's start call has
+    returned (``after_start``; the caller says so with ``container_started()``): warming from the
+    create call delayed the entrypoint's own start (its first restore call came 1.4 s later) and
+    was slower to the first token (results/spot-checks/host-warm-shape)."""
 
-    def __init__(self, snapshot: Path, layers: list[Path] | None = None, *, after_start: bool = False,
+    def __init__(self, snapshot: Path, layers: list[Path] | None = None, *, after_start: bool = True,
                  threads: int | None = None, chunk: int | None = None):
         self.warmer = None
         self.gate = threading.Event() if after_start else None
