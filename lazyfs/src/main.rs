@@ -6,6 +6,9 @@
 //! --prefetch profiled, only the chunks the access profile names. With
 //! --cache-max-bytes the cache is kept under a bound, never evicting a chunk a live mount uses.
 //!
+//! SIGUSR1 widens the prefetch to every chunk (the restore sends it after its first token, so that
+//! the whole tree is on the node and the workload no longer depends on the registry or the link).
+//!
 //! Runs in the foreground until SIGTERM/SIGINT or `fusermount3 -u`, then unmounts and exits 0.
 //! The Python side (the lazy stage) owns this command line.
 
@@ -160,8 +163,12 @@ fn run(args: Args, signals: &libc::sigset_t) -> Result<(), String> {
 
     let stop = Arc::new(AtomicBool::new(false));
     let streams = (args.threads as usize / 2).clamp(1, 4);
+    let mut prefetching_all = false;
     match args.prefetch {
-        Prefetch::All => start_prefetch(&store, &stop, streams, index.chunks.len()),
+        Prefetch::All => {
+            start_prefetch(&store, &stop, streams, index.chunks.len());
+            prefetching_all = true;
+        }
         Prefetch::Profiled => start_prefetch(&store, &stop, streams, index.profiled),
         Prefetch::None => {}
     }
@@ -178,8 +185,16 @@ fn run(args: Args, signals: &libc::sigset_t) -> Result<(), String> {
         if bg.as_ref().unwrap().guard.is_finished() {
             break "unmounted".to_string();
         }
-        if let Some(sig) = wait_signal(signals, Duration::from_millis(200)) {
-            break format!("signal {sig}");
+        match wait_signal(signals, Duration::from_millis(200)) {
+            Some(libc::SIGUSR1) if !prefetching_all => {
+                // chunks already in the cache are skipped: this fetches what the first pass left
+                say!("SIGUSR1: prefetching every chunk ({})", index.chunks.len());
+                start_prefetch(&store, &stop, streams, index.chunks.len());
+                prefetching_all = true;
+            }
+            Some(libc::SIGUSR1) => {}
+            Some(sig) => break format!("signal {sig}"),
+            None => {}
         }
     };
     stop.store(true, Relaxed);
@@ -259,6 +274,7 @@ fn block_signals() -> libc::sigset_t {
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGTERM);
         libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGUSR1);
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
         set
     }

@@ -3,6 +3,7 @@ no verification record), restored, and its canary served."""
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -135,11 +136,13 @@ def test_restore_with_its_runtime_from_the_registry(registry, tiny_snapshot, tmp
     with pytest.raises(ColdstartError, match="not a runtime"):  # a snapshot is not a runtime
         restore(RestoreOptions(snapshot=tmp_path / "mnt0", ref=snap_ref, runtime=snap_ref, fallback=False,
                                port=free_port()), say=lambda s: None)
+    monkeypatch.setenv("COLDSTART_LAZY_RUNTIME_REST", "leave")  # (count what the restore itself fetched)
     r = restore(RestoreOptions(snapshot=tmp_path / "mnt", ref=snap_ref, runtime=rt_ref, fallback=False,
                                port=free_port()), say=lambda s: None)
     try:
         assert r.restored and r.canary_ok, r.fallback_reason
         assert r.timeline.get("RUNTIME_MOUNTED") is not None
+        assert "runtime_fetch_all" not in r.timeline.get("READY").attrs
         # inside the restore's mount namespace the venv's path is the lazy mount
         mounts = Path(f"/proc/{r.engine.root_pid}/mountinfo").read_text().splitlines()
         assert any(ln.split()[4] == str(venv) and "coldstart-lazyfs" in ln for ln in mounts), mounts[-5:]
@@ -149,8 +152,16 @@ def test_restore_with_its_runtime_from_the_registry(registry, tiny_snapshot, tmp
         chunks = sum(f.stat().st_size for f in (cache / "chunks").rglob("*") if f.is_file())  # (pins/ are links)
         snap_bytes = sum(f.stat().st_size for f in tiny_snapshot.out.rglob("*") if f.is_file())
         assert chunks < snap_bytes + pushed.total_bytes // 4, (chunks, snap_bytes, pushed.total_bytes)
+        # by default the restore asks the runtime's daemon for every other chunk after its first
+        # token (the same call): it starts fetching the rest in the background
+        assert r.runtime.mount.fetch_all()
+        deadline = time.monotonic() + 30
+        while "SIGUSR1: prefetching every chunk" not in r.runtime.mount.log.read_text():
+            assert time.monotonic() < deadline, r.runtime.mount.log.read_text()[-2000:]
+            time.sleep(0.2)
     finally:
         r.stop()
+    monkeypatch.delenv("COLDSTART_LAZY_RUNTIME_REST")
 
     # a restore that fails after the runtime is mounted cold-boots from that runtime (the node may
     # have no venv of its own), not from the node's

@@ -264,6 +264,9 @@ def _cold(model, port: int, m: Manifest | None, opts: RestoreOptions, tl: Timeli
 # entrypoint then leaves the profile's ranges to it and warms only after its first token. Reading
 # the same ranges again from here gained nothing and took CPU from the restore (2 cores).
 HOST_WARMS_ENV = "COLDSTART_HOST_WARMS"
+# "fetch" (default): after the first token, the runtime's lazy mount fetches every chunk it has not;
+# "leave": only what is read (a node that keeps the runtime in a node-wide cache anyway, or a test).
+RUNTIME_REST_ENV = "COLDSTART_LAZY_RUNTIME_REST"
 
 
 class _BackgroundWarm:
@@ -424,7 +427,11 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say, r
             raise
         ft = tl.mark(EventName.FIRST_TOKEN)
         ft.attrs["pages_mapped_bytes"] = pages_mapped_bytes(eng.root_pid)  # (measured after the mark)
-        tl.mark(EventName.READY, url=base_url, pid=eng.root_pid)
+        ready = tl.mark(EventName.READY, url=base_url, pid=eng.root_pid)
+        # the rest of a lazily mounted runtime, in the background: the server then needs neither the
+        # registry nor the link (a daemon gone with chunks unfetched is a SIGBUS on the next fault)
+        if rt is not None and rt.mount is not None and os.environ.get(RUNTIME_REST_ENV, "fetch") != "leave":
+            ready.attrs["runtime_fetch_all"] = rt.mount.fetch_all()
         undo.pop_all()  # from here on the result owns the server
     if opts.settle:
         _settle(client, tl)

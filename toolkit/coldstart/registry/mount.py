@@ -53,6 +53,15 @@ class Mount:
     kind: str = ""  # the index's kind: a tree (a snapshot) or a runtime (artifact.RUNTIME_KIND)
     prefix: str = ""  # a runtime: the path its server was checkpointed with it at
 
+    def fetch_all(self) -> bool:
+        """Have the daemon prefetch every chunk it has not fetched (SIGUSR1), in the background: once
+        done the workload no longer depends on the registry or the link. False: the daemon is gone."""
+        try:
+            os.kill(self.pid, signal.SIGUSR1)
+            return True
+        except ProcessLookupError:
+            return False
+
     def unmount(self, timeout: float = 10.0) -> None:
         """Unmount and wait for the daemon to exit (it keeps serving until then: a restored process
         mapping files of the mount must be gone first, or it takes SIGBUS on its next fault)."""
