@@ -111,3 +111,20 @@ def test_dump_refuses_existing_dir_and_missing_pid(tmp_path):
 def test_restore_of_non_image_dir(tmp_path):
     with pytest.raises(ColdstartError, match="not a CRIU image directory"):
         restore(tmp_path)
+
+
+def test_read_runs_name_the_small_runs_of_the_pages_images(mem64):
+    """The restore's read-ahead hint (criu.images.read_runs): with no size limit the runs tile every
+    pages image exactly (the offsets follow the pagemaps); with the mmap threshold they are a part,
+    each inside its file."""
+    from coldstart.criu.images import MMAP_MIN_KB, check_pages, read_runs
+
+    every = read_runs(mem64.images, min_kb=1 << 30)
+    assert sum(n for _, _, n in every) == check_pages(mem64.images)
+    for pages in {p for p, _, _ in every}:
+        mine = sorted((o, n) for p, o, n in every if p == pages)
+        assert mine[0][0] == 0 and all(a[0] + a[1] == b[0] for a, b in zip(mine, mine[1:]))
+        assert mine[-1][0] + mine[-1][1] == pages.stat().st_size
+    small = read_runs(mem64.images, min_kb=MMAP_MIN_KB)
+    assert 0 < sum(n for _, _, n in small) < sum(n for _, _, n in every)
+    assert all(0 <= o and o + n <= p.stat().st_size for p, o, n in small)

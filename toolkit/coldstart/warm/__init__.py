@@ -100,6 +100,13 @@ def start_warming(paths: list[Path] | list[str], *, mode: str | None = None, pro
     mode = mode or snapmod.env_mode()
     if mode == "native" and "method" not in kw and os.environ.get("COLDSTART_WARM_METHOD"):
         kw["method"] = os.environ["COLDSTART_WARM_METHOD"]  # pread | populate | willneed
+    shape = os.environ.get("COLDSTART_WARM_SHAPE", "")  # READERSxMIB, e.g. 2x2: readers x chunk in flight
+    if mode == "native" and shape and threads is None and "chunk" not in kw:
+        try:
+            r, c = shape.lower().split("x")
+            threads, kw["chunk"] = int(r), int(c) << 20
+        except ValueError:
+            logging.getLogger("coldstart.warm").warning("warm: COLDSTART_WARM_SHAPE=%r is not READERSxMIB", shape)
     root = snapmod.snapshot_root(paths)
     sid = snapshot_id(root) if root is not None else ""
     log = logging.getLogger("coldstart.warm")
