@@ -18,10 +18,9 @@ import json
 import time
 from pathlib import Path
 
-from coldstart.bench.containers import first_completion, summary
+from coldstart.bench.containers import first_completion, snapshot_in_container, summary
 from coldstart.containers import docker_api, image, run
 from coldstart.engine.launcher import free_port
-from coldstart.models.tiny import cached_model
 
 VARIANTS = {"default": [], "warm-rest-never": ["--warm-rest", "never"], "no-warm": ["--no-warm"]}
 REPO = Path(__file__).resolve().parents[1]
@@ -56,13 +55,7 @@ def main() -> None:
     a = ap.parse_args()
     c = docker_api.client(None)
     img = image.app_image(c, REPO, say=print)
-    model = cached_model(a.size)
-    snap = a.work / img.tag.replace(":", "-") / a.size
-    if not (snap / "manifest.json").exists():
-        print(f"checkpointing {a.size} in a container -> {snap}", flush=True)
-        res = run.checkpoint(c, img.tag, model, snap)
-        if res.exit_code != 0:
-            raise SystemExit(f"checkpoint failed: {res.logs.strip().splitlines()[-1:]}")
+    model, snap = snapshot_in_container(c, img.tag, a.size, a.work, say=lambda m: print(m, flush=True))
     variants = [v.strip() for v in a.variants.split(",") if v.strip()]
     a.out.parent.mkdir(parents=True, exist_ok=True)
     with open(a.out, "w") as out:

@@ -18,10 +18,9 @@ import argparse
 import json
 from pathlib import Path
 
-from coldstart.bench.containers import one_start
+from coldstart.bench.containers import one_start, snapshot_in_container
 from coldstart.bench.criu import drop_caches
-from coldstart.containers import docker_api, image, run
-from coldstart.models.tiny import cached_model
+from coldstart.containers import docker_api, image
 from coldstart.pipeline.integrity import NodeRecord
 from coldstart.warm.snapshot import node_profile
 
@@ -47,13 +46,7 @@ def main() -> None:
     c = docker_api.client(None)
     img = image.app_image(c, REPO, say=print)
     layers = docker_api.image_layers(c, img.tag)
-    model = cached_model(a.size)
-    snap = a.work / img.tag.replace(":", "-") / a.size
-    if not (snap / "manifest.json").exists():
-        print(f"checkpointing {a.size} in a container -> {snap}", flush=True)
-        res = run.checkpoint(c, img.tag, model, snap)
-        if res.exit_code != 0:
-            raise SystemExit(f"checkpoint failed: {res.logs.strip().splitlines()[-1:]}")
+    model, snap = snapshot_in_container(c, img.tag, a.size, a.work, say=lambda m: print(m, flush=True))
     variants = [v.strip() for v in a.variants.split(",") if v.strip()]
     a.out.parent.mkdir(parents=True, exist_ok=True)
     with open(a.out, "w") as out:

@@ -111,6 +111,24 @@ def one_start(c, image: str, method: str, model: Path, snap: Path, layers: list[
     return row
 
 
+def snapshot_in_container(c, image: str, size: str, work: Path, say: Say = print) -> tuple[Path, Path]:
+    """(model dir, snapshot dir) of the ``size`` model checkpointed in a container of ``image``, under
+    ``work``/<image tag>/<size>: made once per image (a snapshot restores only in the image that made
+    it). One clear error when the checkpoint fails."""
+    from coldstart.containers import run
+    from coldstart.errors import ColdstartError
+    from coldstart.models.tiny import cached_model
+
+    model = cached_model(size)
+    snap = Path(work) / image.replace(":", "-") / size
+    if not (snap / "manifest.json").exists():
+        say(f"checkpointing {size} in a container -> {snap}")
+        res = run.checkpoint(c, image, model, snap)
+        if res.exit_code != 0:
+            raise ColdstartError(f"checkpoint of {size} in a container failed: {res.logs.strip().splitlines()[-1:]}")
+    return model, snap
+
+
 def disk_bandwidth(snap: Path) -> dict:
     """The disk's sequential read bandwidth, on the snapshot's largest file (evicted before each read)."""
     from coldstart.bench.warm import best_bandwidth

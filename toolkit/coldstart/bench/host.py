@@ -110,14 +110,13 @@ def watch() -> HostWatch:
     return _active
 
 
-def line(*parts: str, gpu: bool = False) -> str:
+def line(*parts: str) -> str:
     """The host line of a benchmark table: CPU, cores, kernel, host name, ``parts``, and what the
-    watch observed. ``gpu``: the figures came from a GPU (else they say CPU-measured)."""
+    watch observed; CPU-measured (the GPU kit writes its own)."""
     from coldstart.pipeline import hostfacts
 
     h = hostfacts.collect()
     head = f"Host: {h.cpu_model}, {os.cpu_count()} cores, kernel {h.kernel} ({socket.gethostname()})"
     extra = "".join(f"; {p}" for p in parts if p)
-    tail = "" if gpu else " CPU-measured; unverified on GPU."
     seen = watch().describe()
-    return f"{head}{extra}. {seen[:1].upper()}{seen[1:]}.{tail}"
+    return f"{head}{extra}. {seen[:1].upper()}{seen[1:]}. CPU-measured; unverified on GPU."

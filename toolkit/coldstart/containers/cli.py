@@ -158,25 +158,15 @@ def bench_container(
     import sys
 
     from coldstart.bench import containers as cbench
-    from coldstart.containers import docker_api, image, run
-    from coldstart.errors import ColdstartError
-    from coldstart.fsutil import write_results
-    from coldstart.models.tiny import cached_model
     from coldstart.bench import host as hostwatch
+    from coldstart.containers import docker_api, image
+    from coldstart.fsutil import write_results
 
     say = lambda m: typer.echo(m, err=True)  # noqa: E731
     c = docker_api.client(host)
     img = image.app_image(c, Path(__file__).resolve().parents[3], say=say)
-    cases = []
-    for size in [s.strip() for s in sizes.split(",") if s.strip()]:
-        model = cached_model(size)
-        snap = work / img.tag.replace(":", "-") / size
-        if not (snap / "manifest.json").exists():
-            say(f"checkpointing {size} in a container -> {snap}")
-            res = run.checkpoint(c, img.tag, model, snap)
-            if res.exit_code != 0:
-                raise ColdstartError(f"checkpoint of {size} in a container failed: {res.logs.strip().splitlines()[-1:]}")
-        cases.append((size, model, snap))
+    cases = [(size, *cbench.snapshot_in_container(c, img.tag, size, work, say))
+             for size in [s.strip() for s in sizes.split(",") if s.strip()]]
     rows = cbench.run_bench(c, img.tag, cases, reps=reps, caches=tuple(x for x in caches.split(",") if x), say=say,
                             naive_reps=naive_reps)
     host_line = hostwatch.line(f"docker {docker_api.daemon_facts(c).version}", f"image {img.tag}")

@@ -196,7 +196,8 @@ class HostWarm:
 
 
 def host_warm(snapshot: Path, layers: list[Path] | None = None, **shape) -> HostWarm:
-    """Warm, on the host and from the moment the container is created, what the restore will read.
+    """Warm, on the host, what the restore will read: planned from the moment the container is
+    created, read from docker's start call on (HostWarm, ``after_start``).
     With the node's recorded profile (a previous replica's) and ``layers`` (the image's layer dirs,
     docker_api.image_layers): the ranges the profile names, the image's files the entrypoint and the
     restored server read among them; the rest is the entrypoint's own warmer's, after its first

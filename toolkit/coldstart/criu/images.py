@@ -108,6 +108,21 @@ def _entries_at(path: Path) -> list[tuple[int, bytes]]:
 PE_PARENT, PE_LAZY, PE_PRESENT = 1, 2, 4
 
 
+def _pagemap_runs(pm: Path) -> tuple[int, list[int]] | None:
+    """A pagemap's pages id and the byte size of each run it stores in pages-<id>.img, in file order
+    (None: an empty pagemap). ValueError: a corrupt entry; ColdstartError: a truncated file."""
+    entries = [_ints(e) for e in _entries(pm)]
+    if not entries:
+        return None
+    runs = []
+    for e in entries[1:]:
+        flags = e.get(4)
+        present = (flags & PE_PRESENT and not flags & PE_PARENT) if flags is not None else not e.get(3, 0)
+        if present:
+            runs.append(e.get(5, e.get(2, 0)) * 4096)  # nr_pages (5), else compat_nr_pages (2)
+    return entries[0].get(1, 0), runs
+
+
 def check_pages(images_dir: str | Path) -> int:
     """Check every pages-N.img holds exactly the bytes its pagemap promises; returns the total.
 
@@ -119,18 +134,13 @@ def check_pages(images_dir: str | Path) -> int:
     total = 0
     for pm in sorted(d.glob("pagemap-*.img")):
         try:
-            entries = [_ints(e) for e in _entries(pm)]
+            pagemap = _pagemap_runs(pm)
         except ValueError as e:
             raise ColdstartError(f"{pm}: corrupt entry: {e}") from None
-        if not entries:
+        if pagemap is None:
             raise ColdstartError(f"{pm}: empty pagemap")
-        pages_id = entries[0].get(1, 0)
-        want = 0
-        for e in entries[1:]:
-            flags = e.get(4)
-            present = (flags & PE_PRESENT and not flags & PE_PARENT) if flags is not None else not e.get(3, 0)
-            if present:
-                want += e.get(5, e.get(2, 0)) * 4096  # nr_pages (5), else compat_nr_pages (2)
+        pages_id, runs = pagemap
+        want = sum(runs)
         pages = d / f"pages-{pages_id}.img"
         have = pages.stat().st_size if pages.exists() else -1
         if have != want:
@@ -151,27 +161,22 @@ def read_runs(images_dir: str | Path, min_kb: int = MMAP_MIN_KB) -> list[tuple[P
     present runs smaller than ``min_kb``, adjacent ones merged, in file order.
 
     Why: the restorer reads them one preadv after another (thousands, tens of KiB each: 2855 reads,
-    109 MiB for the bench model); cold, each waits on the disk, which made CRIU's restore 1.7 s
-    instead of 0.45 s. Asked for at once (WILLNEED), they arrive in parallel. A hint: runs of
-    file-backed and jemalloc tasks' memory, also read, are not all named."""
+    109 MiB for the bench model); cold, each waits on the disk (results/spot-checks/criu-read-ahead).
+    Asked for at once (WILLNEED), they arrive in parallel. A hint: runs of file-backed and jemalloc
+    tasks' memory, also read, are not all named."""
     d = Path(images_dir)
     out: list[tuple[Path, int, int]] = []
     limit = min_kb * 1024
     for pm in sorted(d.glob("pagemap-*.img")):
         try:
-            entries = [_ints(e) for e in _entries(pm)]
+            pagemap = _pagemap_runs(pm)
         except (ValueError, ColdstartError):
             continue  # check_pages names a corrupt pagemap; a hint just skips it
-        if not entries:
+        if pagemap is None:
             continue
-        pages = d / f"pages-{entries[0].get(1, 0)}.img"
+        pages = d / f"pages-{pagemap[0]}.img"
         off = 0
-        for e in entries[1:]:
-            flags = e.get(4)
-            present = (flags & PE_PRESENT and not flags & PE_PARENT) if flags is not None else not e.get(3, 0)
-            if not present:
-                continue
-            n = e.get(5, e.get(2, 0)) * 4096
+        for n in pagemap[1]:
             if n < limit:
                 if out and out[-1][0] == pages and out[-1][1] + out[-1][2] == off:
                     out[-1] = (pages, out[-1][1], out[-1][2] + n)
