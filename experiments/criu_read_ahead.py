@@ -1,4 +1,4 @@
-"""Does asking for the restorer's page reads at once (pipeline.restore._ReadAhead) shorten a cold
+"""Does asking for the restorer's page reads at once (pipeline.restore.ReadAhead) shorten a cold
 CRIU restore? With our mmap patch the restorer still preadv's every private page run under 256 KiB,
 thousands of them one after another (2855 reads, 109 MiB for the bench model); cold, each waits on
 the disk.
@@ -33,6 +33,9 @@ VARIANTS = {  # name -> (environment, extra arguments of `coldstart restore`)
     "before": ({"COLDSTART_WARM_AFTER_CRIU": "0", "COLDSTART_CRIU_READ_AHEAD": "0"}, []),  # neither
     "warm-after-criu-2x2M": ({"COLDSTART_WARM_AFTER_CRIU": "1", "COLDSTART_WARM_SHAPE": "2x2"}, []),  # 2 x 2 MiB, not 8 x 8
     "warm-from-start-2x2M": ({"COLDSTART_WARM_AFTER_CRIU": "0", "COLDSTART_WARM_SHAPE": "2x2"}, []),
+    # CRIU checks each mapped ELF's build-id (mmaps its first MiB: a cold fault reads around it)
+    "no-warm-filesize": ({"COLDSTART_WARM_AFTER_CRIU": "1", "COLDSTART_CRIU_FILE_VALIDATION": "filesize"},
+                         ["--no-warm"]),
 }
 
 

@@ -129,3 +129,20 @@ def test_pull_of_more_files_than_the_descriptor_limit(registry, tmp_path):
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     same_tree(root, out)
+
+
+def test_index_puts_the_restorers_reads_among_the_prefetched_chunks(tiny_snapshot):
+    """The page runs CRIU's restorer reads (not maps) come before the restored server runs, so no
+    access profile names them: the index still orders them before the rest, inside the prefix a
+    lazy mount prefetches ("profiled")."""
+    from coldstart.criu.images import read_runs
+
+    root = tiny_snapshot.out
+    runs = read_runs(root / "criu")
+    assert runs
+    index = artifact.build_index(root)
+    by_path = {e.path: e for e in index.entries if e.type == "file"}
+    for path, off, n in runs[:50] + runs[-50:]:
+        e = by_path[str(path.relative_to(root))]
+        for k in range(off // index.chunk_size, (off + n - 1) // index.chunk_size + 1):
+            assert e.chunks[k] < index.profiled, (path.name, off, n)

@@ -41,7 +41,8 @@ def test_pulled_snapshot_restores_and_serves(registry, tiny_snapshot, tmp_path, 
 
 
 def test_restore_from_a_registry_reference_on_an_emptied_node(registry, tiny_snapshot, tmp_path, monkeypatch):
-    """Mount (lazy, prefetch) → mmap restore from the mount → canary; the mount goes with the server."""
+    """Mount (lazy, prefetch of the profiled chunks) → mmap restore from the mount → canary; after
+    the first token the daemon fetches the rest; the mount goes with the server."""
     ref = f"{registry.host}/snapshots/tiny-lazy:v1"
     artifact.push(tiny_snapshot.out, ref)
     monkeypatch.setenv("COLDSTART_NODE_DIR", str(tmp_path / "node"))
@@ -52,9 +53,15 @@ def test_restore_from_a_registry_reference_on_an_emptied_node(registry, tiny_sna
     try:
         assert r.restored and r.canary_ok, r.fallback_reason
         assert r.timeline.get("LAZY_MOUNTED") is not None
+        assert r.mount.prefetch == "profiled"
+        assert r.timeline.get("READY").attrs.get("snapshot_fetch_all") is True
         m = tiny_snapshot.manifest
         got = EngineClient(r.base_url, timeout=300).complete(m.canary.prompt, max_tokens=4, seed=0)
         assert got.token_ids[:1] == m.canary.token_ids[:1]
+        deadline = time.monotonic() + 30
+        while "SIGUSR1: prefetching every chunk" not in r.mount.log.read_text():
+            assert time.monotonic() < deadline, r.mount.log.read_text()[-2000:]
+            time.sleep(0.2)
     finally:
         r.stop()
     assert not mnt.exists() or not os.path.ismount(mnt)

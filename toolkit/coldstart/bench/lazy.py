@@ -3,7 +3,9 @@ registry behind a shaped link (registry.link: 1 or 10 Gbit/s), by
 
 - ``pull``: `coldstart pull REF DIR`, then `coldstart restore DIR` (everything crosses first);
 - ``lazy``: `coldstart restore REF` with the mount's prefetch off (chunks on first read only);
-- ``lazy+prefetch``: the same with prefetch in first-access order (the default);
+- ``lazy+prefetch``: the same with the restore's default prefetch: the chunks the access profile
+  names, in first-access order, the rest from the first token on;
+- ``lazy+prefetch-all`` (only when asked for): every chunk in first-access order from the mount on;
 - ``nydus``: the same tree as a RAFS image in the same registry, mounted by nydusd (its bootstrap
   fetched first, prefetch of the profile's files in first-access order, then the rest), then
   `coldstart restore MOUNT` (registry.nydus; skipped with a note when nydus is not built);
@@ -31,6 +33,7 @@ from typing import Callable
 
 Say = Callable[[str], None]
 METHODS = ("pull", "lazy", "lazy+prefetch", "nydus", "local")
+EXTRA_METHODS = ("lazy+prefetch-all",)  # measured only when asked for (--methods)
 
 
 def _rx(dev: str) -> int:
@@ -84,7 +87,7 @@ def one_start(method: str, ref: str, local: Path, work: Path, dev: str | None, e
     shutil.rmtree(work / "pulled-runtime", ignore_errors=True)
     shutil.rmtree(work / "nydus-node", ignore_errors=True)
     env = {**env, "COLDSTART_NODE_DIR": str(node), "COLDSTART_LAZY_CACHE": str(work / "lazy-cache"),
-           "COLDSTART_LAZY_PREFETCH": "none" if method == "lazy" else "all"}
+           "COLDSTART_LAZY_PREFETCH": {"lazy": "none", "lazy+prefetch-all": "all"}.get(method, "")}
     if method != "local":
         drop_caches()
     rx0 = _rx(dev) if dev else 0
@@ -234,14 +237,19 @@ def render(rows: list[dict], host: str, command: str) -> str:
          "| local warm (s) | link MiB before first token: pull / lazy / lazy+prefetch / nydusd | bound (s) "
          "| lazy+prefetch / bound | pull / lazy+prefetch | nydusd / lazy+prefetch |",
          "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    every = METHODS + EXTRA_METHODS
+    extra = [m for m in EXTRA_METHODS if any(r["method"] == m and r.get("rep") is not None for r in rows)]
     for size in dict.fromkeys(r["size"] for r in rows):
         for rate in dict.fromkeys(r["rate_gbit"] for r in rows if r["size"] == size):
             sel = lambda m: [r for r in rows if r["size"] == size and r["rate_gbit"] == rate and r["method"] == m  # noqa: E731
                              and (r.get("rep") is not None or m in ("artifact", "runtime-artifact"))]
             art = next(iter(sel("artifact")), {})
-            t = {m: med(sel(m)) for m in METHODS}
-            b = {m: med(sel(m), "link_bytes") for m in METHODS}
-            need = b["lazy"]  # what a restore fetched with no prefetch: what it needs before its first token
+            t = {m: med(sel(m)) for m in every}
+            b = {m: med(sel(m), "link_bytes") for m in every}
+            # what a restore needs before its first token: at most what the lazy method that fetched
+            # least before it fetched (without prefetch, the mount's readahead fetches more than the faults need)
+            lazies = [b[m] for m in ("lazy", "lazy+prefetch", *EXTRA_METHODS) if b[m] is not None]
+            need = min(lazies) if lazies else None
             bound = max(t["local"] or 0, (need or 0) * 8 / (rate * 1e9)) if need is not None else None
             lp = t["lazy+prefetch"]
             L.append(f"| {size} | {rate:g} Gbit/s | {fmt(art.get('bytes', 0) / 2**20, 0)} | {fmt(t['pull'])} | "
@@ -251,6 +259,19 @@ def render(rows: list[dict], host: str, command: str) -> str:
                      + f" | {fmt(bound)} | " + (f"**{lp / bound:.2f}x**" if lp and bound else "-")
                      + " | " + (f"**{t['pull'] / lp:.1f}x**" if lp and t["pull"] else "-")
                      + " | " + (f"**{t['nydus'] / lp:.2f}x**" if lp and t["nydus"] else "-") + " |")
+    for m in extra:
+        L += ["", f"`{m}` (the mount prefetching every chunk in first-access order from the start, as before "
+              "the restore's default became the profiled chunks first and the rest from the first token on):", "",
+              "| model | link | first token (s) | link MiB before first token | vs lazy + prefetch |", "|---|---|---|---|---|"]
+        for size in dict.fromkeys(r["size"] for r in rows):
+            for rate in dict.fromkeys(r["rate_gbit"] for r in rows if r["size"] == size):
+                sel = [r for r in rows if r["size"] == size and r["rate_gbit"] == rate and r.get("rep") is not None]
+                ta, tp = med([r for r in sel if r["method"] == m]), med([r for r in sel if r["method"] == "lazy+prefetch"])
+                ba = med([r for r in sel if r["method"] == m], "link_bytes")
+                L.append(f"| {size} | {rate:g} Gbit/s | {fmt(ta)} | {fmt((ba or 0) / 2**20, 0) if ba else '-'} | "
+                         + (f"{ta / tp:.2f}x" if ta and tp else "-") + " |")
+    L += ["", "bound = max(local warm, bytes needed before the first token ÷ link rate); bytes needed = the least "
+          "any lazy method fetched before its first token."]
     rts = {(r["size"], r["rate_gbit"]): r for r in rows if r["method"] == "runtime-artifact"}
     if rts:
         r = next(iter(rts.values()))

@@ -25,19 +25,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from coldstart.criu import images as _images
 from coldstart.criu.caps import RESTORE_NEEDS
 # imported here, not in host_warm: host_warm runs inside the timed window that starts at the create call
 # (after a dropped page cache, importing the warmer's modules, numpy among them, took 2.5 s there)
 from coldstart.pipeline.events import EventName
 from coldstart.pipeline.manifest import read_manifest
-from coldstart.pipeline.restore import HOST_WARMS_ENV, warm_paths
+from coldstart.pipeline.restore import HOST_WARMS_ENV, ReadAhead, warm_paths
 from coldstart.state import node_dir
 from coldstart.warm import native as _native
 from coldstart.warm import snapshot as _snapshot
 from coldstart.warm import start_warming
 from coldstart.warm.base import WarmStats
 
-_PRELOADED = (_native, _snapshot)  # start_warming imports them lazily: here they load before the clock
+_PRELOADED = (_native, _snapshot, _images)  # start_warming imports them lazily: here they load before the clock
 
 CONTAINER_PORT = 8000  # the port a server listens on inside every container (the image's COLDSTART_PORT)
 RESTORE_CAPS = sorted(RESTORE_NEEDS)
@@ -143,10 +144,16 @@ class HostWarm:
     its first token. The plan is made at once but the reads wait until docker's start call has
     returned (``after_start``; the caller says so with ``container_started()``): warming from the
     create call delayed the entrypoint's own start (its first restore call came 1.4 s later) and
-    was slower to the first token (results/spot-checks/host-warm-shape)."""
+    was slower to the first token (results/spot-checks/host-warm-shape). One exception, ``criu_runs``:
+    what CRIU itself reads before the restored tree runs (pipeline.restore.ReadAhead: the heads of
+    the image's ELF files it checks, then ~100 MiB of page runs in thousands of small reads, each a
+    blocking read of the restore when cold) is asked for at once, at the create call."""
 
     def __init__(self, snapshot: Path, layers: list[Path] | None = None, *, after_start: bool = True,
-                 threads: int | None = None, chunk: int | None = None):
+                 threads: int | None = None, chunk: int | None = None, criu_runs: bool = True):
+        from coldstart.containers.docker_api import layer_remap
+
+        self.ahead = ReadAhead(Path(snapshot) / "criu", layer_remap(layers) if layers else None) if criu_runs else None
         self.warmer = None
         self.gate = threading.Event() if after_start else None
         self._shape = {k: v for k, v in (("threads", threads), ("chunk", chunk)) if v}

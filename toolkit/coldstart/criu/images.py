@@ -186,6 +186,33 @@ def read_runs(images_dir: str | Path, min_kb: int = MMAP_MIN_KB) -> list[tuple[P
     return out
 
 
+ELF_HEAD = 16 << 10  # what CRIU's build-id check reads of a file: its ELF header, program headers, notes
+
+
+def elf_files(images_dir: str | Path) -> list[str]:
+    """The paths (as the dumped tree saw them) of the regular files whose build-id the dump stored:
+    at restore CRIU checks each against it by mapping the file's head (files-reg.c,
+    validate_with_build_id). Cold, each such first touch waits on the disk, and the fault reads
+    around itself (the filesystem's whole readahead window). A hint: [] when files.img is missing
+    or does not parse."""
+    try:
+        entries = _entries(Path(images_dir) / "files.img")
+    except (OSError, ColdstartError):
+        return []
+    out: list[str] = []
+    for e in entries:
+        try:
+            reg = fields(e).get(3)  # FileEntry.reg
+            if not reg:
+                continue
+            f = fields(reg[0])  # RegFileEntry: name (6), build_id (11)
+        except ValueError:
+            continue
+        if f.get(11) and f.get(6):
+            out.append(f[6][0].decode(errors="replace"))
+    return list(dict.fromkeys(out))
+
+
 def read_pstree(path: Path) -> list[tuple[int, int]]:
     """(pid, ppid) of every process in pstree.img, root first."""
     out: list[tuple[int, int]] = []

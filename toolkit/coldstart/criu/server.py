@@ -169,6 +169,9 @@ def restore_argv(criu: str, images: Path, work_dir: Path, mmap_pages: bool) -> l
     notify = work_dir / "notify.sh"
     notify.write_text(NOTIFY_SCRIPT)
     notify.chmod(0o755)
-    opts = RestoreOptions(mmap_pages=0 if mmap_pages else None, detach=False, log_level=2,
-                          extra_args=["--link-remap", *plugin_args()])
+    extra = ["--link-remap", *plugin_args()]
+    if os.environ.get("COLDSTART_CRIU_FILE_VALIDATION"):
+        extra += ["--file-validation", os.environ["COLDSTART_CRIU_FILE_VALIDATION"]]
+    opts = RestoreOptions(mmap_pages=0 if mmap_pages else None, detach=False, log_level=int(os.environ.get("COLDSTART_CRIU_LOG_LEVEL", "2")),
+                          extra_args=extra)
     return stage_restore_argv(Path(criu), images, work_dir, opts)

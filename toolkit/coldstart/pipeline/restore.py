@@ -144,7 +144,7 @@ def restore(opts: RestoreOptions, say: Callable[[str], None] = print) -> Restore
         if opts.runtime:
             rt = _runtime(opts.runtime, m, tl, say)
         try:
-            res = _restore(snap, m, opts, tl, say, rt)
+            res = _restore(snap, m, opts, tl, say, rt, mnt)
             res.mount, res.runtime = mnt, rt
             return res
         except RestoreFailed as e:
@@ -155,7 +155,7 @@ def restore(opts: RestoreOptions, say: Callable[[str], None] = print) -> Restore
                 raise
             say(f"restore in the host network failed ({str(e)[:120]}...); retrying in a private one")
             tl.mark("RESTORE_RETRY", reason="host network busy: retrying with --net private")
-            res = _restore(snap, m, RestoreOptions(**{**opts.__dict__, "net": "private"}), tl, say, rt)
+            res = _restore(snap, m, RestoreOptions(**{**opts.__dict__, "net": "private"}), tl, say, rt, mnt)
             res.mount, res.runtime = mnt, rt
             return res
     except Exception as e:  # the entrypoint's promise: whatever went wrong, still serve (cold)
@@ -175,11 +175,15 @@ def restore(opts: RestoreOptions, say: Callable[[str], None] = print) -> Restore
 
 
 def _mount(ref: str, mountpoint: Path, tl: Timeline, say: Callable[[str], None]):
-    """Mount ``ref`` lazily at ``mountpoint`` (index fetched and verified, prefetch started)."""
+    """Mount ``ref`` lazily at ``mountpoint`` (index fetched and verified, prefetch started). The
+    daemon prefetches only the chunks the access profile names (COLDSTART_LAZY_PREFETCH: profiled,
+    all or none); the rest is fetched from READY on (``_restore``). Prefetching everything in profile
+    order from the start sent the rest over the link before the first token too, beside the
+    restore's own faults: results/lazy-prefetch."""
     from coldstart.registry.mount import mount
 
     try:
-        mnt = mount(ref, mountpoint)
+        mnt = mount(ref, mountpoint, prefetch=os.environ.get("COLDSTART_LAZY_PREFETCH") or "profiled")
     except ColdstartError as e:
         raise RestoreFailed(f"lazy mount of {ref}: {e}") from None
     tl.mark(EventName.LAZY_MOUNTED, ref=ref, manifest=mnt.manifest_digest)
@@ -264,8 +268,9 @@ def _cold(model, port: int, m: Manifest | None, opts: RestoreOptions, tl: Timeli
 # entrypoint then leaves the profile's ranges to it and warms only after its first token. Reading
 # the same ranges again from here gained nothing and took CPU from the restore (2 cores).
 HOST_WARMS_ENV = "COLDSTART_HOST_WARMS"
-# "fetch" (default): after the first token, the runtime's lazy mount fetches every chunk it has not;
-# "leave": only what is read (a node that keeps the runtime in a node-wide cache anyway, or a test).
+# "fetch" (default): after the first token, the lazy mounts (the runtime's, and the snapshot's when it
+# prefetched only the profiled chunks) fetch every chunk they have not; "leave": only what is read
+# (a node that keeps the runtime in a node-wide cache anyway, or a test).
 RUNTIME_REST_ENV = "COLDSTART_LAZY_RUNTIME_REST"
 
 
@@ -273,20 +278,38 @@ READ_AHEAD_ENV = "COLDSTART_CRIU_READ_AHEAD"  # "0": no read-ahead of the restor
 WARM_AFTER_CRIU_ENV = "COLDSTART_WARM_AFTER_CRIU"  # "1": the warmer's reads wait for CRIU's resume (to compare)
 
 
-class _ReadAhead:
-    """Ask the kernel, on a thread, for every page run CRIU's restorer will read rather than map
-    (criu.images.read_runs), all at once: cold, its thousands of small preadv calls otherwise wait
-    on the disk one after another."""
+class ReadAhead:
+    """Ask the kernel, on a thread, for what CRIU reads cold before the restored tree runs, all at
+    once: the heads of the ELF files whose build-id it checks (criu.images.elf_files; its restore
+    took 0.1-0.3 s longer with the check than without, cold: results/spot-checks/criu-read-ahead),
+    then every page run its restorer reads rather than maps (criu.images.read_runs: thousands of
+    small preadv calls that otherwise wait on the disk one after another). The host starts one at
+    the container's create call too (containers.run.HostWarm, ``remap``: a path in the container
+    to the image layer's file that holds it)."""
 
-    def __init__(self, images_dir: Path):
-        self.bytes = self.runs = 0
+    def __init__(self, images_dir: Path, remap: Callable[[Path], Path] | None = None):
+        self.bytes = self.runs = self.heads = 0
         self.error: str | None = None
-        self._t = threading.Thread(target=self._run, args=(images_dir,), name="coldstart-read-ahead", daemon=True)
+        self._t = threading.Thread(target=self._run, args=(images_dir, remap), name="coldstart-read-ahead",
+                                   daemon=True)
         self._t.start()
 
-    def _run(self, images_dir: Path) -> None:
-        from coldstart.criu.images import read_runs
+    def _run(self, images_dir: Path, remap: Callable[[Path], Path] | None) -> None:
+        from coldstart.criu.images import ELF_HEAD, elf_files, read_runs
 
+        for name in elf_files(images_dir):
+            path = remap(Path(name)) if remap is not None else Path(name)
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                continue  # CRIU names it when it matters
+            try:
+                os.posix_fadvise(fd, 0, ELF_HEAD, os.POSIX_FADV_WILLNEED)
+                self.heads += 1
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
         fds: dict[Path, int] = {}
         try:
             for path, off, n in read_runs(images_dir):
@@ -303,7 +326,7 @@ class _ReadAhead:
 
     def result(self) -> dict:
         self._t.join(0)
-        out = {"read_ahead_runs": self.runs, "read_ahead_bytes": self.bytes}
+        out = {"read_ahead_runs": self.runs, "read_ahead_bytes": self.bytes, "read_ahead_elf_heads": self.heads}
         return {**out, "read_ahead_error": self.error} if self.error else out
 
 
@@ -450,7 +473,8 @@ def _start_warming(snap: Path, m: Manifest, tl: Timeline, opts: "RestoreOptions 
     return _BackgroundWarm(warm_paths(snap, m), tl, opts, remap, old_pids)
 
 
-def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say, rt: Runtime | None = None) -> RestoreResult:
+def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say, rt: Runtime | None = None,
+             mnt=None) -> RestoreResult:
     """The phases, in order; each marks its timeline event and raises RestoreFailed naming the
     problem. ``undo`` unwinds what the phases started if a later one fails."""
     with contextlib.ExitStack() as undo:
@@ -460,7 +484,7 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say, r
         # child while other threads ran failed once in ~120 restores ("Bad address").
         old_pids = {int(d) for d in os.listdir("/proc") if d.isdigit()}  # before the restored tree
         popen = _criu_start(criu, mmap, snap, m, st, tl, undo, rt)
-        ahead = _ReadAhead(snap / "criu") if mmap and os.environ.get(READ_AHEAD_ENV, "1") != "0" else None
+        ahead = ReadAhead(snap / "criu") if mmap and os.environ.get(READ_AHEAD_ENV, "1") != "0" else None
         checks = _start_verify(snap, m, opts, tl)
         try:
             warmer = (_start_warming(snap, m, tl, opts, rt.remap if rt is not None else None, old_pids)
@@ -487,10 +511,14 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say, r
         ft = tl.mark(EventName.FIRST_TOKEN)
         ft.attrs["pages_mapped_bytes"] = pages_mapped_bytes(eng.root_pid)  # (measured after the mark)
         ready = tl.mark(EventName.READY, url=base_url, pid=eng.root_pid)
-        # the rest of a lazily mounted runtime, in the background: the server then needs neither the
-        # registry nor the link (a daemon gone with chunks unfetched is a SIGBUS on the next fault)
-        if rt is not None and rt.mount is not None and os.environ.get(RUNTIME_REST_ENV, "fetch") != "leave":
-            ready.attrs["runtime_fetch_all"] = rt.mount.fetch_all()
+        # the rest of a lazily mounted runtime and snapshot, in the background: the server then needs
+        # neither the registry nor the link (a daemon gone with chunks unfetched is a SIGBUS on the
+        # next fault)
+        if os.environ.get(RUNTIME_REST_ENV, "fetch") != "leave":
+            if rt is not None and rt.mount is not None:
+                ready.attrs["runtime_fetch_all"] = rt.mount.fetch_all()
+            if mnt is not None and getattr(mnt, "prefetch", "all") != "all":
+                ready.attrs["snapshot_fetch_all"] = mnt.fetch_all()
         undo.pop_all()  # from here on the result owns the server
     if opts.settle:
         _settle(client, tl)

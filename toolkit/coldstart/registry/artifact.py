@@ -5,8 +5,8 @@ Layout in the registry (one OCI image manifest, artifactType ARTIFACT_TYPE):
 - layer 0: the index blob (JSON, INDEX_TYPE): every entry (file, dir, symlink with mode and size),
   each file as a list of chunks, each chunk's BLAKE3 digest, size, and place (pack, offset);
 - layers 1..n: packs (PACK_TYPE), the chunks concatenated in first-access order: the files every
-  restore reads whole (CRIU's small images, the manifest), then the access profile's ranges, then
-  the rest in path order. Prefetch is then a few large range GETs from the start of pack 0.
+  restore reads whole (CRIU's small images, the manifest), then the page runs CRIU's restorer reads,
+  then the access profile's ranges, then the rest in path order. Prefetch is then a few large range GETs from the start of pack 0.
 
 Chunks are CHUNK bytes of one file (the last one shorter) and content-addressed: identical chunks are
 stored once. A chunk is verified (BLAKE3) before any of its bytes are used; a pack as a whole is
@@ -183,8 +183,15 @@ def _profile_ranges(snapshot: Path) -> list:
 
 
 def _first_ranges(root: Path) -> list[tuple[str, int, int]]:
-    """The access profile's ranges of the snapshot's own files (relative to root, offset, length)."""
-    return [(r.file, r.offset, r.length) for r in _profile_ranges(root) if not os.path.isabs(r.file)]
+    """What a restore of the snapshot at ``root`` reads first (relative path, offset, length): the page
+    runs CRIU's restorer reads rather than maps (criu.images.read_runs: they come before the restored
+    server runs, so the access profile, recorded from there on, never names them), then the access
+    profile's ranges of the snapshot's own files."""
+    from coldstart.criu.images import read_runs
+
+    runs = [(str(p.relative_to(root)), off, n) for p, off, n in read_runs(Path(root) / "criu")] \
+        if (Path(root) / "criu").is_dir() else []
+    return runs + [(r.file, r.offset, r.length) for r in _profile_ranges(root) if not os.path.isabs(r.file)]
 
 
 def profile_files(root: Path) -> list[str]:

@@ -52,6 +52,7 @@ class Mount:
     made_dir: bool = False  # the mount point was created for this mount (removed at unmount)
     kind: str = ""  # the index's kind: a tree (a snapshot) or a runtime (artifact.RUNTIME_KIND)
     prefix: str = ""  # a runtime: the path its server was checkpointed with it at
+    prefetch: str = "all"  # what the daemon prefetches by itself (PREFETCH)
 
     def fetch_all(self) -> bool:
         """Have the daemon prefetch every chunk it has not fetched (SIGUSR1), in the background: once
@@ -151,7 +152,7 @@ def mount(ref: str, mountpoint: Path, *, prefetch: bool | str | None = None, thr
     while time.monotonic() < end:
         if ready.exists():
             ready.unlink(missing_ok=True)
-            return Mount(mountpoint, proc.pid, mdigest, log, proc, made, kind, prefix)
+            return Mount(mountpoint, proc.pid, mdigest, log, proc, made, kind, prefix, prefetch)
         if proc.poll() is not None:
             err = (proc.stderr.read() or b"").decode(errors="replace").strip().splitlines()
             raise ColdstartError(f"{DAEMON} exited with {proc.returncode}: {err[-1] if err else 'no message'}")

@@ -817,7 +817,8 @@ def load_into(
     measured: see ``choose_direct``).
 
     How the file is read (defaults measured best here, see docs/weights.md): ``threads`` readers
-    (None: ``default_threads`` of the destination's device; 0: one per usable CPU, at most 8),
+    (None: ``default_threads`` of the destination's device and the file's residency; 0: one per
+    usable CPU, at most 8),
     each walking its own contiguous run of the file
     (``layout="ranges"``; ``"shared"``: all take the next piece of one queue) in pieces of at most
     ``chunk_bytes``; a piece the page cache holds is read with one call, the rest in blocking
@@ -834,8 +835,10 @@ def load_into(
     index = flat if isinstance(flat, FlatIndex) else read_index(flat)
     pairs = check_dest(index, dest, strict)
     choice = ""
+    resident = resident_fraction(Path(index.data_file)) if direct is None or threads is None else None
     if direct is None:
-        direct, choice = choose_direct(Path(index.data_file), 1.0 if mode == "staged" else aligned_fraction(pairs))
+        direct, choice = choose_direct(Path(index.data_file), 1.0 if mode == "staged" else aligned_fraction(pairs),
+                                       resident=resident)
     groups: dict[str, list] = {}
     for e, t in pairs:  # one loader per device (CPU: direct; each GPU: staged through its own stream)
         groups.setdefault(str(t.device), []).append((e, t))
@@ -847,7 +850,7 @@ def load_into(
         if progress is not None and len(groups) > 1:
             prog = (lambda b: lambda done, _t: progress(b + done, total))(base)
         dev = g[0][1].device.type if g else "cpu"
-        parts.append(_load_group(index, g, threads=threads or default_threads(dev), chunk_bytes=chunk_bytes, buffers=buffers, verify=verify,
+        parts.append(_load_group(index, g, threads=threads or default_threads(dev, resident), chunk_bytes=chunk_bytes, buffers=buffers, verify=verify,
                                  direct=direct, progress=prog, mode=mode, layout=layout, read_bytes=read_bytes,
                                  fadvise=fadvise, prefetch_bytes=prefetch_bytes, spread=spread, copies=copies))
         base += parts[-1].bytes
@@ -883,20 +886,27 @@ def aligned_fraction(pairs) -> float:
     return aligned / total if total else 1.0
 
 
-def choose_direct(data_file: Path, aligned: float = 1.0) -> tuple[bool, str]:
+def resident_fraction(data_file: Path) -> float | str:
+    """The sampled share of ``data_file`` in the page cache (256 pages: tens of microseconds; a full
+    mincore scan took 7-10 ms for 1.25 GiB, 6-8 % of a warm load), or why it could not be read."""
+    from coldstart.warm.residency import sampled_resident_fraction
+
+    try:
+        return sampled_resident_fraction(data_file)
+    except OSError as e:
+        return str(e.strerror or e)
+
+
+def choose_direct(data_file: Path, aligned: float = 1.0, resident: float | str | None = None) -> tuple[bool, str]:
     """O_DIRECT for a (nearly) uncached file whose destinations are page-aligned (``aligned``: their
     share of the bytes), buffered otherwise; (choice, why). Measured on two hosts: O_DIRECT into the
     aligned weight arena beat buffered reads inside the vLLM worker (AMD: 0.99 vs 0.81 GiB/s; Intel:
     0.69 vs 2.02 s), while through the bounce buffer it lost to buffered reads (AMD: 0.39x vs 0.96x
-    the device limit; Intel: 0.81x vs 0.84x); see docs/weights.md. The residency is sampled (256
-    pages: tens of microseconds; a full mincore scan took 7-10 ms for 1.25 GiB, 6-8 % of a warm
-    load); if it cannot be read, buffered."""
-    from coldstart.warm.residency import sampled_resident_fraction
-
-    try:
-        frac = sampled_resident_fraction(data_file)
-    except OSError as e:
-        return False, f"auto: residency unknown ({e.strerror or e}) -> buffered"
+    the device limit; Intel: 0.81x vs 0.84x); see docs/weights.md. ``resident``: resident_fraction
+    when the caller sampled it already (None: sampled here); if it cannot be read, buffered."""
+    frac = resident_fraction(data_file) if resident is None else resident
+    if isinstance(frac, str):
+        return False, f"auto: residency unknown ({frac}) -> buffered"
     if frac >= COLD_DIRECT_MAX:
         return False, f"auto: {frac:.0%} cached -> buffered"
     if aligned < ALIGNED_DIRECT_MIN:
@@ -911,12 +921,21 @@ def usable_cpus() -> int:
         return os.cpu_count() or 2
 
 
-def default_threads(device_type: str) -> int:
-    """Readers when the caller does not say: 8 for CPU destinations (8 readers kept the disk busier
-    than 2 on the 2-core dev machines); for CUDA one per CPU between 8 and 16 (on the 16-CPU H100
-    machine 16 readers beat 8 warm in 3 of 3 runs and cold in 2 of 3: results/gpu/, docs/gpu.md)."""
+CACHED_FEW_READERS = 0.90  # CPU destinations: at least this share of the file cached -> one reader per CPU
+
+
+def default_threads(device_type: str, resident: float | str | None = None) -> int:
+    """Readers when the caller does not say. CPU destinations: 8 while the file is mostly on the disk
+    (8 readers kept the disk busier than 2 on the 2-core dev machines), one per usable CPU once
+    ``resident`` (resident_fraction) says it is cached: a cached load is memory copies, and 8 readers
+    on 2 cores read at 0.76x the limit where 2 read at 0.92x on the AMD host
+    (results/bench-load-avx512; Intel: 1.01x and 0.94x, results/bench-load-intel: within that
+    run's spread). CUDA: one per CPU between 8 and 16 (on the 16-CPU H100 machine 16 readers beat 8
+    warm in 3 of 3 runs and cold in 2 of 3: results/gpu/, docs/gpu.md)."""
     if device_type == "cuda":
         return max(8, min(16, usable_cpus()))
+    if isinstance(resident, float) and resident >= CACHED_FEW_READERS:
+        return auto_threads()
     return 8
 
 
