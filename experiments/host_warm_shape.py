@@ -7,8 +7,8 @@ Cold page cache (dropped before every start), one restore container at a time, i
 host warmer: from the create call or from the moment docker's start call returns (``after_start``),
 and its readers x chunk. For each start: seconds from the create call to the first completion
 through the published port, the start call's return, the entrypoint's events, bytes read from the
-disk. The variants before ``criu_runs`` existed ran without it (the runs the restorer reads came
-with the entrypoint's own read-ahead only); now every variant but ``*-noruns`` has them at create.
+disk. ``criu_runs`` (HostWarm) is off unless a variant says so; in bench-criu-runs.jsonl (code
+8e9347d, when it was on by default) ``started-8x8M`` had it on.
 One unmeasured restore first (the first on this node: verifies, records the profile).
 
     .venv/bin/python experiments/host_warm_shape.py --size bench --reps 3 \\
@@ -33,7 +33,8 @@ VARIANTS = {
     "started-8x8M": {"after_start": True, "threads": 8, "chunk": 8 * MiB},
     "create-2x2M": {"after_start": False, "threads": 2, "chunk": 2 * MiB},
     "started-2x4M": {"after_start": True, "threads": 2, "chunk": 4 * MiB},
-    # the restorer's read runs asked for at the create call (HostWarm's default) or not
+    # CRIU's own reads (ELF heads, page runs) asked for at the create call too, or explicitly not
+    "started-8x8M-runs": {"after_start": True, "threads": 8, "chunk": 8 * MiB, "criu_runs": True},
     "started-8x8M-noruns": {"after_start": True, "threads": 8, "chunk": 8 * MiB, "criu_runs": False},
 }
 REPO = Path(__file__).resolve().parents[1]

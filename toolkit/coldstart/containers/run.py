@@ -144,13 +144,14 @@ class HostWarm:
     its first token. The plan is made at once but the reads wait until docker's start call has
     returned (``after_start``; the caller says so with ``container_started()``): warming from the
     create call delayed the entrypoint's own start (its first restore call came 1.4 s later) and
-    was slower to the first token (results/spot-checks/host-warm-shape). One exception, ``criu_runs``:
-    what CRIU itself reads before the restored tree runs (pipeline.restore.ReadAhead: the heads of
-    the image's ELF files it checks, then ~100 MiB of page runs in thousands of small reads, each a
-    blocking read of the restore when cold) is asked for at once, at the create call."""
+    was slower to the first token (results/spot-checks/host-warm-shape). ``criu_runs``: also ask, at
+    the create call, for what CRIU itself reads before the restored tree runs
+    (pipeline.restore.ReadAhead: the heads of the image's ELF files it checks, ~100 MiB of page
+    runs); off by default: it gained nothing there (bench-criu-runs), the entrypoint's own
+    read-ahead asks for the same at its restore call."""
 
     def __init__(self, snapshot: Path, layers: list[Path] | None = None, *, after_start: bool = True,
-                 threads: int | None = None, chunk: int | None = None, criu_runs: bool = True):
+                 threads: int | None = None, chunk: int | None = None, criu_runs: bool = False):
         from coldstart.containers.docker_api import layer_remap
 
         self.ahead = ReadAhead(Path(snapshot) / "criu", layer_remap(layers) if layers else None) if criu_runs else None
