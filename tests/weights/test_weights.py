@@ -145,11 +145,14 @@ def test_auto_o_direct_follows_the_page_cache(tmp_path, src):
     dest = _page_aligned(src)
     cold = load_into(out, dest, chunk_bytes=64 * KIB, verify=True)
     assert cold.o_direct and cold.direct_choice == "auto: 0% cached -> O_DIRECT", cold.direct_choice
+    assert (cold.threads, cold.read_bytes) == (8, 1 << 20)  # no readahead under O_DIRECT: 8 readers, 1 MiB reads
     assert all(_raw(dest[k]) == _raw(v) for k, v in src.items())
     evict(data)
     dest = _fresh(src)  # torch's allocations: not page-aligned
     cold = load_into(out, dest, chunk_bytes=64 * KIB)
     assert not cold.o_direct and "page-aligned -> buffered" in cold.direct_choice, cold.direct_choice
+    # through the page cache: one reader per usable CPU, whole pieces (the readahead runs ahead)
+    assert (cold.threads, cold.read_bytes) == (loader_mod.auto_threads(), 0)
     assert all(_raw(dest[k]) == _raw(v) for k, v in src.items())
     data.read_bytes()
     dest = _fresh(src)

@@ -629,10 +629,8 @@ def loader_configs(quick: bool) -> list[tuple[str, dict[str, Any], tuple[str, ..
             ("shared-t8-c64M", dict(d, layout="shared", threads=8, chunk_bytes=64 * MiB, read_bytes=0, fadvise=None,
                                     direct=False),
              ("cold", "warm")),
-            # the default's shape with one reader per CPU (fio's best job count here)
-            ("default-1-per-cpu", dict(d, threads=0), ("cold", "warm")),
-            # the same, whole 16 MiB pieces per read even when the data is not cached
-            ("default-1-per-cpu-whole-reads", dict(d, threads=0, read_bytes=0), ("cold", "warm")),
+            # the default before one reader per CPU and whole reads: 8 readers, 1 MiB blocking reads
+            ("t8-r1M", dict(d, threads=8, read_bytes=1 << 20), ("cold", "warm")),
             # the double-buffered path the CUDA destination uses, measured here on CPU
             ("staged-t8-c64M-b4", dict(d, mode="staged", threads=8, chunk_bytes=64 * MiB, buffers=4, direct=False),
              ("cold", "warm")),

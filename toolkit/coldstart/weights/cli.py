@@ -42,9 +42,11 @@ def dump_command(
 
 def load_command(
     flat: Path = typer.Argument(..., help="a dump directory or its weights.flat"),
-    threads: int = typer.Option(8, "--threads", help="reader threads (0: one per CPU, at most 8)"),
+    threads: Optional[int] = typer.Option(None, "--threads", help="reader threads (0: one per CPU, at most 8); "
+                                          "default: one per CPU through the page cache, 8 with O_DIRECT"),
     chunk_mb: int = typer.Option(16, "--chunk-mb", help="largest piece in MiB"),
-    read_kb: int = typer.Option(1024, "--read-kb", help="largest blocking read of uncached data in KiB (0: whole pieces)"),
+    read_kb: Optional[int] = typer.Option(None, "--read-kb", help="largest blocking read of uncached data in KiB "
+                                          "(0: whole pieces); default: whole pieces through the page cache, 1024 with O_DIRECT"),
     layout: str = typer.Option("ranges", "--layout", help="ranges (one contiguous run per reader) | shared (one queue)"),
     fadvise: str = typer.Option("sequential", "--fadvise", help="hint on each reader's fd: sequential | none"),
     buffers: int = typer.Option(0, "--buffers", help="host buffers (staged mode; 0: one per reader thread + 2)"),
@@ -70,7 +72,7 @@ def load_command(
     with _progress_bar("load") as prog:
         task = prog.add_task(f"loading {Path(index.data_file).name}", total=index.total_bytes)
         stats = load_into(index, dest, threads=threads, chunk_bytes=chunk_mb << 20, buffers=buffers, verify=verify,
-                          direct=direct, mode=mode, layout=layout, read_bytes=read_kb << 10,
+                          direct=direct, mode=mode, layout=layout, read_bytes=None if read_kb is None else read_kb << 10,
                           fadvise=None if fadvise == "none" else fadvise,
                           progress=lambda done, total: prog.update(task, completed=done))
     if json_out:

@@ -798,7 +798,7 @@ def load_into(
     strict: bool = True,
     mode: str = "auto",
     layout: str = "ranges",
-    read_bytes: int = 1 << 20,
+    read_bytes: int | None = None,
     fadvise: str | None = "sequential",
     prefetch_bytes: int = 0,
     spread: bool = True,
@@ -817,13 +817,12 @@ def load_into(
     measured: see ``choose_direct``).
 
     How the file is read (defaults measured best here, see docs/weights.md): ``threads`` readers
-    (None: ``default_threads`` of the destination's device and the file's residency; 0: one per
-    usable CPU, at most 8),
-    each walking its own contiguous run of the file
-    (``layout="ranges"``; ``"shared"``: all take the next piece of one queue) in pieces of at most
-    ``chunk_bytes``; a piece the page cache holds is read with one call, the rest in blocking
-    reads of ``read_bytes`` (0: the whole piece at once); ``fadvise="sequential"`` on each reader's
-    file descriptor (None: no hint); ``prefetch_bytes`` > 0 also asks for that many bytes ahead of
+    (None: ``default_threads`` of the destination's device and O_DIRECT or not; 0: one per usable
+    CPU, at most 8), each walking its own contiguous run of the file (``layout="ranges"``;
+    ``"shared"``: all take the next piece of one queue) in pieces of at most ``chunk_bytes``; a
+    piece the page cache holds is read with one call, the rest in blocking reads of ``read_bytes``
+    (0: the whole piece at once; None: ``default_read_bytes``); ``fadvise="sequential"`` on each
+    reader's file descriptor (None: no hint); ``prefetch_bytes`` > 0 also asks for that many bytes ahead of
     each reader with POSIX_FADV_WILLNEED. ``spread``: reader threads may run on every CPU the
     process's cpuset allows, whatever mask the calling thread has (vLLM binds its worker to one core).
     ``copies`` (staged mode): who queues a piece's copies to the destination, "readers" or
@@ -835,10 +834,8 @@ def load_into(
     index = flat if isinstance(flat, FlatIndex) else read_index(flat)
     pairs = check_dest(index, dest, strict)
     choice = ""
-    resident = resident_fraction(Path(index.data_file)) if direct is None or threads is None else None
     if direct is None:
-        direct, choice = choose_direct(Path(index.data_file), 1.0 if mode == "staged" else aligned_fraction(pairs),
-                                       resident=resident)
+        direct, choice = choose_direct(Path(index.data_file), 1.0 if mode == "staged" else aligned_fraction(pairs))
     groups: dict[str, list] = {}
     for e, t in pairs:  # one loader per device (CPU: direct; each GPU: staged through its own stream)
         groups.setdefault(str(t.device), []).append((e, t))
@@ -850,8 +847,9 @@ def load_into(
         if progress is not None and len(groups) > 1:
             prog = (lambda b: lambda done, _t: progress(b + done, total))(base)
         dev = g[0][1].device.type if g else "cpu"
-        parts.append(_load_group(index, g, threads=threads or default_threads(dev, resident), chunk_bytes=chunk_bytes, buffers=buffers, verify=verify,
-                                 direct=direct, progress=prog, mode=mode, layout=layout, read_bytes=read_bytes,
+        parts.append(_load_group(index, g, threads=threads or default_threads(dev, bool(direct)), chunk_bytes=chunk_bytes,
+                                 buffers=buffers, verify=verify, direct=direct, progress=prog, mode=mode, layout=layout,
+                                 read_bytes=default_read_bytes(dev, bool(direct)) if read_bytes is None else read_bytes,
                                  fadvise=fadvise, prefetch_bytes=prefetch_bytes, spread=spread, copies=copies))
         base += parts[-1].bytes
     st = parts[0]
@@ -886,27 +884,20 @@ def aligned_fraction(pairs) -> float:
     return aligned / total if total else 1.0
 
 
-def resident_fraction(data_file: Path) -> float | str:
-    """The sampled share of ``data_file`` in the page cache (256 pages: tens of microseconds; a full
-    mincore scan took 7-10 ms for 1.25 GiB, 6-8 % of a warm load), or why it could not be read."""
-    from coldstart.warm.residency import sampled_resident_fraction
-
-    try:
-        return sampled_resident_fraction(data_file)
-    except OSError as e:
-        return str(e.strerror or e)
-
-
-def choose_direct(data_file: Path, aligned: float = 1.0, resident: float | str | None = None) -> tuple[bool, str]:
+def choose_direct(data_file: Path, aligned: float = 1.0) -> tuple[bool, str]:
     """O_DIRECT for a (nearly) uncached file whose destinations are page-aligned (``aligned``: their
     share of the bytes), buffered otherwise; (choice, why). Measured on two hosts: O_DIRECT into the
     aligned weight arena beat buffered reads inside the vLLM worker (AMD: 0.99 vs 0.81 GiB/s; Intel:
     0.69 vs 2.02 s), while through the bounce buffer it lost to buffered reads (AMD: 0.39x vs 0.96x
-    the device limit; Intel: 0.81x vs 0.84x); see docs/weights.md. ``resident``: resident_fraction
-    when the caller sampled it already (None: sampled here); if it cannot be read, buffered."""
-    frac = resident_fraction(data_file) if resident is None else resident
-    if isinstance(frac, str):
-        return False, f"auto: residency unknown ({frac}) -> buffered"
+    the device limit; Intel: 0.81x vs 0.84x); see docs/weights.md. The residency is sampled (256
+    pages: tens of microseconds; a full mincore scan took 7-10 ms for 1.25 GiB, 6-8 % of a warm
+    load); if it cannot be read, buffered."""
+    from coldstart.warm.residency import sampled_resident_fraction
+
+    try:
+        frac = sampled_resident_fraction(data_file)
+    except OSError as e:
+        return False, f"auto: residency unknown ({e.strerror or e}) -> buffered"
     if frac >= COLD_DIRECT_MAX:
         return False, f"auto: {frac:.0%} cached -> buffered"
     if aligned < ALIGNED_DIRECT_MIN:
@@ -921,22 +912,26 @@ def usable_cpus() -> int:
         return os.cpu_count() or 2
 
 
-CACHED_FEW_READERS = 0.90  # CPU destinations: at least this share of the file cached -> one reader per CPU
-
-
-def default_threads(device_type: str, resident: float | str | None = None) -> int:
-    """Readers when the caller does not say. CPU destinations: 8 while the file is mostly on the disk
-    (8 readers kept the disk busier than 2 on the 2-core dev machines), one per usable CPU once
-    ``resident`` (resident_fraction) says it is cached: a cached load is memory copies, and 8 readers
-    on 2 cores read at 0.76x the limit where 2 read at 0.92x on the AMD host
-    (results/bench-load-avx512; Intel: 1.01x and 0.94x, results/bench-load-intel: within that
-    run's spread). CUDA: one per CPU between 8 and 16 (on the 16-CPU H100 machine 16 readers beat 8
-    warm in 3 of 3 runs and cold in 2 of 3: results/gpu/, docs/gpu.md)."""
+def default_threads(device_type: str, o_direct: bool = False) -> int:
+    """Readers when the caller does not say. CPU destinations read through the page cache: one per
+    usable CPU (the kernel's readahead keeps the disk busy ahead of them; more readers only share
+    the 2 cores: on the AMD host 8 readers read at 0.83x the limit cold and 0.76x warm where 2 read
+    whole pieces at 0.96x and 0.90x, results/bench-load-avx512; confirmed in
+    results/bench-load-avx512-2); with O_DIRECT 8 (no readahead: the readers are the queue). CUDA:
+    one per CPU between 8 and 16 (on the 16-CPU H100 machine 16 readers beat 8 warm in 3 of 3 runs
+    and cold in 2 of 3: results/gpu/, docs/gpu.md)."""
     if device_type == "cuda":
         return max(8, min(16, usable_cpus()))
-    if isinstance(resident, float) and resident >= CACHED_FEW_READERS:
-        return auto_threads()
-    return 8
+    return 8 if o_direct else auto_threads()
+
+
+def default_read_bytes(device_type: str, o_direct: bool = False) -> int:
+    """The largest blocking read of data not yet cached when the caller does not say: whole pieces
+    (0) for CPU destinations through the page cache (the readahead runs ahead of one read as well
+    as of sixteen: 0.96x against 0.81x the limit with 1 MiB reads, results/bench-load-avx512), 1 MiB
+    with O_DIRECT (fio's 1 MiB O_DIRECT reads beat its 16 MiB ones, results/bench-load) and for
+    CUDA (measured so on the H100 and H200, docs/gpu.md)."""
+    return 0 if device_type == "cpu" and not o_direct else 1 << 20
 
 
 def default_copies(device_type: str) -> str:
