@@ -2,7 +2,7 @@
 page cache dropped, with host warming ("hw") or without ("none"), CRIU at -v4; prints the
 entrypoint's events, the absolute times of the files CRIU writes in its work dir (restore.log is
 created when CRIU opens its log, last written when it ends) beside COLDSTART_T0, and saves CRIU's
-log under /tmp/exp/.
+log as ./container-criu-restore-MODE.log.
 
     .venv/bin/python experiments/container_criu_log.py hw [bench|tiny]
 """
@@ -34,7 +34,6 @@ print(json.dumps(s.get('events')))
 print('t0', wall0)
 print(ctr.exec_run(['sh', '-c', 'cd /run/coldstart/restores/*/criu && stat -c "%n %.9W %.9Y" restore.log restored.pid notify.sh stats-restore 2>&1; date +%s.%N']).output.decode())
 r = ctr.exec_run(['sh', '-c', 'cat /run/coldstart/restores/*/criu/restore.log'])
-Path('/tmp/exp').mkdir(exist_ok=True)
-Path(f'/tmp/exp/ctr-restore-{sys.argv[1]}.log').write_bytes(r.output)
+Path(f'container-criu-restore-{sys.argv[1]}.log').write_bytes(r.output)
 if warmer: warmer.wait(); print('ahead', warmer.ahead.result() if warmer.ahead else None)
 ctr.remove(force=True)
