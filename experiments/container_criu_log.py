@@ -1,39 +1,59 @@
-"""Where a cold container restore's CRIU phase goes: one restore container (bench model by default),
-page cache dropped, with host warming ("hw") or without ("none"), CRIU at -v4; prints the
-entrypoint's events, the absolute times of the files CRIU writes in its work dir (restore.log is
-created when CRIU opens its log, last written when it ends) beside COLDSTART_T0, and saves CRIU's
-log as ./container-criu-restore-MODE.log.
+"""Where a cold container restore's CRIU phase goes: one restore container, page cache dropped, with
+or without host warming, CRIU at -v4. Prints the entrypoint's events, COLDSTART_T0 and the absolute
+birth/modification times of the files in CRIU's work dir (restore.log is created when CRIU opens its
+log and last written when it ends), and saves CRIU's log as ./container-criu-restore-MODE.log.
 
-    .venv/bin/python experiments/container_criu_log.py hw [bench|tiny]
+    .venv/bin/python experiments/container_criu_log.py hw --size bench
 """
-import json, sys, time
+from __future__ import annotations
+
+import argparse
+import json
+import time
 from pathlib import Path
-from coldstart.bench.containers import first_completion, summary, snapshot_in_container
+
+from coldstart.bench.containers import first_completion, snapshot_in_container, summary
 from coldstart.bench.criu import drop_caches
 from coldstart.containers import docker_api, image, run
 from coldstart.engine.launcher import free_port
-from coldstart.models.tiny import cached_model
 
-c = docker_api.client(None)
-img = image.app_image(c, Path('.').resolve(), say=print)
-size = sys.argv[2] if len(sys.argv) > 2 else 'bench'
-model, snap = snapshot_in_container(c, img.tag, size, Path('/var/tmp/coldstart-bench-container'))
-layers = docker_api.image_layers(c, img.tag)
-hw = sys.argv[1] == 'hw'
-drop_caches()
-port = free_port()
-t0, wall0 = time.monotonic(), time.time()
-warmer = run.host_warm(snap, layers) if hw else None
-ctr = run.create_restore(c, img.tag, snap, model, port, env={"COLDSTART_T0": repr(wall0), "COLDSTART_CRIU_LOG_LEVEL": "4"}, host_warms=hw)
-ctr.start()
-if warmer: warmer.container_started()
-t1 = first_completion(port, str(model), t0 + 300, ctr)
-print('first', t1 - t0)
-s = summary(ctr, time.monotonic() + 60)
-print(json.dumps(s.get('events')))
-print('t0', wall0)
-print(ctr.exec_run(['sh', '-c', 'cd /run/coldstart/restores/*/criu && stat -c "%n %.9W %.9Y" restore.log restored.pid notify.sh stats-restore 2>&1; date +%s.%N']).output.decode())
-r = ctr.exec_run(['sh', '-c', 'cat /run/coldstart/restores/*/criu/restore.log'])
-Path(f'container-criu-restore-{sys.argv[1]}.log').write_bytes(r.output)
-if warmer: warmer.wait(); print('ahead', warmer.ahead.result() if warmer.ahead else None)
-ctr.remove(force=True)
+REPO = Path(__file__).resolve().parents[1]
+WORK_DIR = "/run/coldstart/restores/*/criu"  # the restore's CRIU work dir inside the container
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("mode", choices=("hw", "none"), help="hw: the host warms the snapshot; none: it does not")
+    ap.add_argument("--size", default="bench")
+    ap.add_argument("--work", type=Path, default=Path("/var/tmp/coldstart-bench-container"))
+    a = ap.parse_args()
+    c = docker_api.client(None)
+    img = image.app_image(c, REPO, say=print)
+    model, snap = snapshot_in_container(c, img.tag, a.size, a.work)
+    layers = docker_api.image_layers(c, img.tag)
+    drop_caches()
+    port = free_port()
+    t0, wall0 = time.monotonic(), time.time()
+    warmer = run.host_warm(snap, layers) if a.mode == "hw" else None
+    ctr = run.create_restore(c, img.tag, snap, model, port, host_warms=warmer is not None,
+                             env={"COLDSTART_T0": repr(wall0), "COLDSTART_CRIU_LOG_LEVEL": "4"})
+    try:
+        ctr.start()
+        if warmer is not None:
+            warmer.container_started()
+        print("first token", round(first_completion(port, str(model), t0 + 300, ctr) - t0, 3))
+        print(json.dumps(summary(ctr, time.monotonic() + 60).get("events")))
+        print("COLDSTART_T0", wall0)
+        stat = f'cd {WORK_DIR} && stat -c "%n %.9W %.9Y" restore.log restored.pid notify.sh stats-restore'
+        print(ctr.exec_run(["sh", "-c", stat]).output.decode())
+        log = ctr.exec_run(["sh", "-c", f"cat {WORK_DIR}/restore.log"]).output
+        Path(f"container-criu-restore-{a.mode}.log").write_bytes(log)
+    finally:
+        if warmer is not None:
+            warmer.container_started()
+            warmer.wait()
+        ctr.remove(force=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -265,9 +265,10 @@ def render(rows: list[dict], host: str, command: str) -> str:
               "| model | link | first token (s) | link MiB before first token | vs lazy + prefetch |", "|---|---|---|---|---|"]
         for size in dict.fromkeys(r["size"] for r in rows):
             for rate in dict.fromkeys(r["rate_gbit"] for r in rows if r["size"] == size):
-                sel = [r for r in rows if r["size"] == size and r["rate_gbit"] == rate and r.get("rep") is not None]
-                ta, tp = med([r for r in sel if r["method"] == m]), med([r for r in sel if r["method"] == "lazy+prefetch"])
-                ba = med([r for r in sel if r["method"] == m], "link_bytes")
+                cell = [r for r in rows if r["size"] == size and r["rate_gbit"] == rate and r.get("rep") is not None]
+                mine = [r for r in cell if r["method"] == m]
+                ta, tp = med(mine), med([r for r in cell if r["method"] == "lazy+prefetch"])
+                ba = med(mine, "link_bytes")
                 L.append(f"| {size} | {rate:g} Gbit/s | {fmt(ta)} | {fmt((ba or 0) / 2**20, 0) if ba else '-'} | "
                          + (f"{ta / tp:.2f}x" if ta and tp else "-") + " |")
     L += ["", "bound = max(local warm, bytes needed before the first token ÷ link rate); bytes needed = the least "

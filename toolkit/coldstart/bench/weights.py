@@ -1057,21 +1057,25 @@ def summarize(records: list[dict], cfg: BenchConfig, host: dict, skipped: dict[s
                          f"{ph('io'):.3f} | {ph('finalize'):.3f} | {_median([x['read_s'] for x in L]):.2f} | "
                          f"{_median([x['copy_s'] for x in L]):.3f} | {L[0]['mode']}{' O_DIRECT' if L[0]['o_direct'] else ''} |")
     cfgs = {}
-    auto_threads: dict[str, dict[str, int]] = {}  # label -> cache -> readers the loader chose
+    chosen_threads: dict[str, dict[str, int]] = {}  # label -> cache -> readers the loader chose
     for (m, label, c), rs in sorted(groups.items()):
         if m == "coldstart" and label not in cfgs:
             cfgs[label] = (rs[0].get("params") or {}, rs[0].get("loader") or {})
         if m == "coldstart" and (rs[0].get("loader") or {}).get("threads"):
-            auto_threads.setdefault(label, {})[c] = rs[0]["loader"]["threads"]
+            chosen_threads.setdefault(label, {})[c] = rs[0]["loader"]["threads"]
     if cfgs:
         lines.append("\n## Our loader's configurations (load_into arguments)\n")
         lines.append("| config | threads | layout | piece | cold reads of | fadvise | mode | O_DIRECT |")
         lines.append("|---|---|---|---|---|---|---|---|")
         for label, (p, L) in cfgs.items():
             t = p.get("threads")
-            chosen = auto_threads.get(label, {})
-            t_txt = (f"{', '.join(f'{n} {c}' for c, n in sorted(chosen.items()))} (auto)" if len(set(chosen.values())) > 1
-                     else f"{L.get('threads')} (auto)") if not t and L.get("threads") else str(t)
+            chosen = chosen_threads.get(label, {})
+            if t or not L.get("threads"):
+                t_txt = str(t)
+            elif len(set(chosen.values())) > 1:  # the loader chose per cache state (O_DIRECT cold, buffered warm)
+                t_txt = ", ".join(f"{n} {c}" for c, n in sorted(chosen.items())) + " (auto)"
+            else:
+                t_txt = f"{L.get('threads')} (auto)"
             rb = p.get("read_bytes") or 0
             lines.append(f"| {label} | {t_txt} | {p.get('layout', '-')} | {_fmt_bytes(p.get('chunk_bytes') or 0)} | "
                          f"{_fmt_bytes(rb) if rb else 'whole pieces'} | {p.get('fadvise') or 'none'} | "

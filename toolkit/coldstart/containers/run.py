@@ -152,9 +152,11 @@ class HostWarm:
 
     def __init__(self, snapshot: Path, layers: list[Path] | None = None, *, after_start: bool = True,
                  threads: int | None = None, chunk: int | None = None, criu_runs: bool = False):
-        from coldstart.containers.docker_api import layer_remap
+        self.ahead = None
+        if criu_runs:
+            from coldstart.containers.docker_api import layer_remap
 
-        self.ahead = ReadAhead(Path(snapshot) / "criu", layer_remap(layers) if layers else None) if criu_runs else None
+            self.ahead = ReadAhead(Path(snapshot) / "criu", layer_remap(layers) if layers else None)
         self.warmer = None
         self.gate = threading.Event() if after_start else None
         self._shape = {k: v for k, v in (("threads", threads), ("chunk", chunk)) if v}

@@ -172,6 +172,6 @@ def restore_argv(criu: str, images: Path, work_dir: Path, mmap_pages: bool) -> l
     extra = ["--link-remap", *plugin_args()]
     if os.environ.get("COLDSTART_CRIU_FILE_VALIDATION"):
         extra += ["--file-validation", os.environ["COLDSTART_CRIU_FILE_VALIDATION"]]
-    opts = RestoreOptions(mmap_pages=0 if mmap_pages else None, detach=False, log_level=int(os.environ.get("COLDSTART_CRIU_LOG_LEVEL", "2")),
-                          extra_args=extra)
+    log_level = int(os.environ.get("COLDSTART_CRIU_LOG_LEVEL", "2"))
+    opts = RestoreOptions(mmap_pages=0 if mmap_pages else None, detach=False, log_level=log_level, extra_args=extra)
     return stage_restore_argv(Path(criu), images, work_dir, opts)

@@ -283,9 +283,9 @@ class ReadAhead:
     once: the heads of the ELF files whose build-id it checks (criu.images.elf_files; its restore
     took 0.1-0.3 s longer with the check than without, cold: results/spot-checks/criu-read-ahead),
     then every page run its restorer reads rather than maps (criu.images.read_runs: thousands of
-    small preadv calls that otherwise wait on the disk one after another). The host starts one at
-    the container's create call too (containers.run.HostWarm, ``remap``: a path in the container
-    to the image layer's file that holds it)."""
+    small preadv calls that otherwise wait on the disk one after another). The host can start one
+    at the container's create call too (containers.run.HostWarm's ``criu_runs``; ``remap``: a path
+    in the container to the image layer's file that holds it)."""
 
     def __init__(self, images_dir: Path, remap: Callable[[Path], Path] | None = None):
         self.bytes = self.runs = self.heads = 0

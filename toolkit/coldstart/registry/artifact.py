@@ -6,7 +6,8 @@ Layout in the registry (one OCI image manifest, artifactType ARTIFACT_TYPE):
   each file as a list of chunks, each chunk's BLAKE3 digest, size, and place (pack, offset);
 - layers 1..n: packs (PACK_TYPE), the chunks concatenated in first-access order: the files every
   restore reads whole (CRIU's small images, the manifest), then the page runs CRIU's restorer reads,
-  then the access profile's ranges, then the rest in path order. Prefetch is then a few large range GETs from the start of pack 0.
+  then the access profile's ranges, then the rest in path order. Prefetch is then a few large range
+  GETs from the start of pack 0.
 
 Chunks are CHUNK bytes of one file (the last one shorter) and content-addressed: identical chunks are
 stored once. A chunk is verified (BLAKE3) before any of its bytes are used; a pack as a whole is

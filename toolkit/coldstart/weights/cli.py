@@ -72,7 +72,8 @@ def load_command(
     with _progress_bar("load") as prog:
         task = prog.add_task(f"loading {Path(index.data_file).name}", total=index.total_bytes)
         stats = load_into(index, dest, threads=threads, chunk_bytes=chunk_mb << 20, buffers=buffers, verify=verify,
-                          direct=direct, mode=mode, layout=layout, read_bytes=None if read_kb is None else read_kb << 10,
+                          direct=direct, mode=mode, layout=layout,
+                          read_bytes=None if read_kb is None else read_kb << 10,
                           fadvise=None if fadvise == "none" else fadvise,
                           progress=lambda done, total: prog.update(task, completed=done))
     if json_out:

@@ -822,8 +822,8 @@ def load_into(
     ``"shared"``: all take the next piece of one queue) in pieces of at most ``chunk_bytes``; a
     piece the page cache holds is read with one call, the rest in blocking reads of ``read_bytes``
     (0: the whole piece at once; None: ``default_read_bytes``); ``fadvise="sequential"`` on each
-    reader's file descriptor (None: no hint); ``prefetch_bytes`` > 0 also asks for that many bytes ahead of
-    each reader with POSIX_FADV_WILLNEED. ``spread``: reader threads may run on every CPU the
+    reader's file descriptor (None: no hint); ``prefetch_bytes`` > 0 also asks for that many bytes
+    ahead of each reader with POSIX_FADV_WILLNEED. ``spread``: reader threads may run on every CPU the
     process's cpuset allows, whatever mask the calling thread has (vLLM binds its worker to one core).
     ``copies`` (staged mode): who queues a piece's copies to the destination, "readers" or
     "coordinator" (None: ``default_copies`` of the device).
@@ -847,8 +847,9 @@ def load_into(
         if progress is not None and len(groups) > 1:
             prog = (lambda b: lambda done, _t: progress(b + done, total))(base)
         dev = g[0][1].device.type if g else "cpu"
-        parts.append(_load_group(index, g, threads=threads or default_threads(dev, bool(direct)), chunk_bytes=chunk_bytes,
-                                 buffers=buffers, verify=verify, direct=direct, progress=prog, mode=mode, layout=layout,
+        parts.append(_load_group(index, g, threads=threads or default_threads(dev, bool(direct)),
+                                 chunk_bytes=chunk_bytes, buffers=buffers, verify=verify, direct=direct, progress=prog,
+                                 mode=mode, layout=layout,
                                  read_bytes=default_read_bytes(dev, bool(direct)) if read_bytes is None else read_bytes,
                                  fadvise=fadvise, prefetch_bytes=prefetch_bytes, spread=spread, copies=copies))
         base += parts[-1].bytes
@@ -916,8 +917,8 @@ def default_threads(device_type: str, o_direct: bool = False) -> int:
     """Readers when the caller does not say. CPU destinations read through the page cache: one per
     usable CPU (the kernel's readahead keeps the disk busy ahead of them; more readers only share
     the 2 cores: on the AMD host 8 readers read at 0.83x the limit cold and 0.76x warm where 2 read
-    whole pieces at 0.96x and 0.90x, results/bench-load-avx512; confirmed in
-    results/bench-load-avx512-2); with O_DIRECT 8 (no readahead: the readers are the queue). CUDA:
+    whole pieces at 0.96x and 0.90x, results/bench-load-avx512; in results/bench-load-avx512-2 0.93x
+    and 1.04x against 8 readers' 0.92x and 0.97x, cold within the disk's spread); with O_DIRECT 8 (no readahead: the readers are the queue). CUDA:
     one per CPU between 8 and 16 (on the 16-CPU H100 machine 16 readers beat 8 warm in 3 of 3 runs
     and cold in 2 of 3: results/gpu/, docs/gpu.md)."""
     if device_type == "cuda":
