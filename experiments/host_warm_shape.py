@@ -7,7 +7,7 @@ Cold page cache (dropped before every start), one restore container at a time, i
 host warmer: from the create call or from the moment docker's start call returns (``after_start``),
 and its readers x chunk. For each start: seconds from the create call to the first completion
 through the published port, the start call's return, the entrypoint's events, bytes read from the
-disk. ``criu_runs`` (HostWarm) is off unless a variant says so; in bench-criu-runs.jsonl (code
+disk. ``criu_runs`` (HostWarm) is off unless a variant says so, ``early`` on (its defaults); in bench-criu-runs.jsonl (code
 8e9347d, when it was on by default) ``started-8x8M`` had it on.
 One unmeasured restore first (the first on this node: verifies, records the profile).
 
@@ -36,6 +36,10 @@ VARIANTS = {
     # CRIU's own reads (ELF heads, page runs) asked for at the create call too, or explicitly not
     "started-8x8M-runs": {"after_start": True, "threads": 8, "chunk": 8 * MiB, "criu_runs": True},
     "started-8x8M-noruns": {"after_start": True, "threads": 8, "chunk": 8 * MiB, "criu_runs": False},
+    # the entrypoint's files, the snapshot's metadata and the restore's helpers read first, from the
+    # create call (HostWarm's ``early``, its default), or not
+    "started-8x8M-early": {"after_start": True, "threads": 8, "chunk": 8 * MiB, "early": True},
+    "started-8x8M-noearly": {"after_start": True, "threads": 8, "chunk": 8 * MiB, "early": False},
 }
 REPO = Path(__file__).resolve().parents[1]
 
@@ -77,6 +81,7 @@ def main() -> None:
                                   "started_s": row.get("started_s"), "entry_ready": ev.get("ENTRY_READY"),
                                   "restore_done": ev.get("RESTORE_DONE"), "weights": ev.get("WEIGHTS_LOADED"),
                                   "read_gib": round((row.get("disk_read_bytes") or 0) / 2**30, 2),
+                                  "early": (row.get("host_warm") or {}).get("early"),
                                   "error": row.get("error")}), flush=True)
                 out.write(json.dumps(row) + "\n")
 

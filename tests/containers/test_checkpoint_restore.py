@@ -73,6 +73,28 @@ def test_restore_in_a_new_container_from_a_read_only_mount(docker_client, app_im
         ctr.remove(force=True)
 
 
+def test_host_warms_the_restores_helpers_and_the_snapshots_metadata_first(docker_client, app_image,
+                                                                         container_snapshot):
+    """The image lists the programs the restore's wrapper runs and their libraries; the host reads
+    them through the image's layers, with the snapshot's small files, before its bulk reads."""
+    from coldstart.containers import docker_api
+
+    layers = docker_api.image_layers(docker_client, app_image.tag)
+    remap = docker_api.layer_remap(layers)
+    listed = remap(Path("/opt/coldstart/restore-files")).read_text().split()
+    names = {Path(p).name for p in listed}
+    assert {"criu", "unshare", "dash", "mount", "setsid"} <= names and any(n.startswith("libc.so") for n in names), listed
+    files = run.early_files(container_snapshot, remap)
+    assert container_snapshot / "manifest.json" in files and container_snapshot / "criu" / "inventory.img" in files
+    assert remap(Path("/usr/local/sbin/criu")) in files and all(remap(Path(p)).is_file() for p in listed)
+    assert not any(f.name.startswith("pages-") for f in files)
+    w = run.HostWarm(container_snapshot, layers)
+    w.container_started()
+    w.wait(120)
+    assert w.error is None and w.early["files"] >= len(listed) and w.early["bytes"] > 10 << 20, w.early
+    assert w.stats is not None and w.stats.bytes > 0
+
+
 def test_three_containers_restore_the_same_read_only_snapshot_at_once(docker_client, app_image, container_snapshot,
                                                                       tiny_model_dir):
     ports = [free_port() for _ in range(3)]

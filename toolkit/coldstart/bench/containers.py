@@ -106,7 +106,7 @@ def one_start(c, image: str, method: str, model: Path, snap: Path, layers: list[
             warmer.container_started()  # (a failed start call never opened its gate)
             st = warmer.wait()
             row["host_warm"] = {"bytes": getattr(st, "bytes", None), "seconds": getattr(st, "seconds", None),
-                                "error": warmer.error,
+                                "error": warmer.error, "early": warmer.early,
                                 **(warmer.ahead.result() if warmer.ahead is not None else {})}
         ctr.remove(force=True)
     return row

@@ -19,6 +19,7 @@ any number of replicas of one snapshot run at once.
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -141,41 +142,76 @@ class HostWarm:
     made on a thread, so the create call is not delayed by it. With a profile: its ranges first,
     then the weights file whole (the reload maps it when it is in the page cache, and reads it
     with O_DIRECT after the restore otherwise); the rest of the snapshot is the entrypoint's, after
-    its first token. The plan is made at once but the reads wait until docker's start call has
+    its first token. The plan is made at once but the bulk reads wait until docker's start call has
     returned (``after_start``; the caller says so with ``container_started()``): warming from the
     create call delayed the entrypoint's own start (its first restore call came 1.4 s later) and
-    was slower to the first token (results/spot-checks/host-warm-shape). ``criu_runs``: also ask, at
-    the create call, for what CRIU itself reads before the restored tree runs
-    (pipeline.restore.ReadAhead: the heads of the image's ELF files it checks, ~100 MiB of page
-    runs); off by default: it gained nothing there (bench-criu-runs), the entrypoint's own
-    read-ahead asks for the same at its restore call."""
+    was slower to the first token (results/spot-checks/host-warm-shape).
+
+    ``early``: from the create call, one reader takes first, whole, the few tens of MB that the
+    entrypoint reads one small read at a time before CRIU runs (early_files: the entrypoint's own
+    Python files, the snapshot's manifest and CRIU metadata, the restore's helper programs and their
+    libraries); the bulk reads wait for it too. Behind the bulk reads' queue those small reads took
+    about a second of a cold restore. ``criu_runs``: also ask, at the create call, for what CRIU
+    itself reads before the restored tree runs (pipeline.restore.ReadAhead: the heads of the image's
+    ELF files it checks, ~100 MiB of page runs); off by default: it gained nothing there
+    (bench-criu-runs), the entrypoint's own read-ahead asks for the same at its restore call."""
 
     def __init__(self, snapshot: Path, layers: list[Path] | None = None, *, after_start: bool = True,
-                 threads: int | None = None, chunk: int | None = None, criu_runs: bool = False):
+                 threads: int | None = None, chunk: int | None = None, criu_runs: bool = False,
+                 early: bool = True):
         self.ahead = None
-        if criu_runs:
+        remap = None
+        if layers:
             from coldstart.containers.docker_api import layer_remap
 
-            self.ahead = ReadAhead(Path(snapshot) / "criu", layer_remap(layers) if layers else None)
+            remap = layer_remap(layers)
+        if criu_runs:
+            self.ahead = ReadAhead(Path(snapshot) / "criu", remap)
         self.warmer = None
-        self.gate = threading.Event() if after_start else None
+        self._started = threading.Event() if after_start else None
+        self._early_done = threading.Event() if early else None
+        self.gate = threading.Event() if (after_start or early) else None
         self._shape = {k: v for k, v in (("threads", threads), ("chunk", chunk)) if v}
         self.stats: WarmStats | None = None
+        self.early: dict | None = None
         self.error: str | None = None
         self._cancelled = False
-        self._t = threading.Thread(target=self._run, args=(Path(snapshot), layers), name="coldstart-host-warm",
+        self._early_t = None
+        if early:
+            self._early_t = threading.Thread(target=self._read_early, args=(Path(snapshot), remap),
+                                             name="coldstart-host-warm-early", daemon=True)
+            self._early_t.start()
+        self._t = threading.Thread(target=self._run, args=(Path(snapshot), remap), name="coldstart-host-warm",
                                    daemon=True)
         self._t.start()
 
-    def _run(self, snapshot: Path, layers: list[Path] | None) -> None:
-        from coldstart.containers.docker_api import layer_remap
+    def _open_gate(self) -> None:
+        if self.gate is not None and all(e is None or e.is_set() for e in (self._started, self._early_done)):
+            self.gate.set()
 
+    def _read_early(self, snapshot: Path, remap) -> None:
+        t0 = time.monotonic()
+        n = files = 0
+        try:
+            for p in early_files(snapshot, remap):
+                if self._cancelled:
+                    break
+                try:
+                    n += _read_data(p, lambda: self._cancelled)
+                    files += 1
+                except OSError:
+                    continue  # a hint: the restore reads (and names) it anyway
+        finally:
+            self.early = {"files": files, "bytes": n, "seconds": round(time.monotonic() - t0, 3)}
+            self._early_done.set()
+            self._open_gate()
+
+    def _run(self, snapshot: Path, remap) -> None:
         t0 = time.monotonic()
         try:
             m = read_manifest(snapshot)
-            self.warmer = start_warming(warm_paths(snapshot, m), profile="auto", record="off", mapped=bool(layers),
-                                        rest="never" if layers else "now",
-                                        remap=layer_remap(layers) if layers else None,
+            self.warmer = start_warming(warm_paths(snapshot, m), profile="auto", record="off", mapped=remap is not None,
+                                        rest="never" if remap is not None else "now", remap=remap,
                                         **({"gate": self.gate} if self.gate else {}), **self._shape)
             st = self.warmer.wait()
             weights = snapshot / m.weights["flat"] if m.weights.get("flat") else None
@@ -190,19 +226,86 @@ class HostWarm:
             self.error = f"{type(e).__name__}: {e}"
 
     def container_started(self) -> None:
-        """Docker's start call returned: with ``after_start``, the reads begin now."""
-        if self.gate is not None:
-            self.gate.set()
+        """Docker's start call returned: with ``after_start``, the bulk reads begin now (or once the
+        early files are read)."""
+        if self._started is not None:
+            self._started.set()
+        self._open_gate()
 
     def wait(self, timeout: float | None = None) -> WarmStats | None:
         self._t.join(timeout)
+        if self._early_t is not None:
+            self._early_t.join(timeout)
         return self.stats
 
     def cancel(self) -> None:
         self._cancelled = True
-        self.container_started()
+        if self.gate is not None:
+            self.gate.set()
         if self.warmer is not None:
             self.warmer.cancel()
+
+
+def early_files(snapshot: Path, remap=None) -> list[Path]:
+    """What a container restore reads before CRIU runs, in the order it does, as host paths: the
+    entrypoint's own files (the node's recorded profile, ranges of source "process", through
+    ``remap``), the snapshot's manifest, the restore's helper programs and libraries (the image's
+    helpers.RESTORE_FILES list, through ``remap``), then the snapshot's small files CRIU and the
+    wrapper open: its metadata images (not the pages), the shm and link-remap copies, the run dir's
+    files the server holds open (not the rest of run/: the checkpoint's compile cache, 150 MB for the
+    bench model, is not read before the first token)."""
+    import json
+
+    from coldstart.containers.helpers import RESTORE_FILES
+
+    out: list[Path] = []
+    prof = _snapshot.node_profile(snapshot)
+    if remap is not None and prof is not None and prof.exists():
+        try:
+            ranges = json.loads(prof.read_text()).get("ranges", [])
+        except (OSError, ValueError):
+            ranges = []
+        out += [remap(Path(r["file"])) for r in ranges if r.get("source") == "process"]
+    out.append(snapshot / "manifest.json")
+    if remap is not None:
+        try:
+            out += [remap(Path(ln)) for ln in remap(Path(RESTORE_FILES)).read_text().split()]
+        except OSError:
+            pass  # an image built before the list existed
+    out += [p for p in sorted((snapshot / "criu").glob("*.img")) if not p.name.startswith("pages-")]
+    for sub in ("shm", "link-remaps"):
+        if (snapshot / sub).is_dir():
+            out += sorted(p for p in (snapshot / sub).iterdir() if p.is_file())
+    try:
+        out += [snapshot / "run" / rel for rel in read_manifest(snapshot).run_files]
+    except Exception:  # noqa: BLE001 - the restore names a bad manifest
+        pass
+    return list(dict.fromkeys(out))
+
+
+def _read_data(path: Path, cancelled=lambda: False) -> int:
+    """Read ``path``'s data into the page cache, skipping its holes (the shm copies are sparse: 400 MB
+    long, 100 KB of data); returns the bytes read."""
+    buf = bytearray(1 << 20)
+    n = 0
+    with open(path, "rb", buffering=0) as f:
+        fd = f.fileno()
+        end = os.fstat(fd).st_size
+        pos = 0
+        while pos < end and not cancelled():
+            try:
+                pos = os.lseek(fd, pos, os.SEEK_DATA)
+                hole = os.lseek(fd, pos, os.SEEK_HOLE)
+            except OSError:  # ENXIO: no data after pos
+                break
+            os.lseek(fd, pos, os.SEEK_SET)
+            while pos < hole and not cancelled():
+                got = f.readinto(memoryview(buf)[:min(len(buf), hole - pos)])
+                if not got:
+                    return n
+                n += got
+                pos += got
+    return n
 
 
 def host_warm(snapshot: Path, layers: list[Path] | None = None, **shape) -> HostWarm:

@@ -17,6 +17,9 @@ import threading
 from pathlib import Path
 
 CLONE_NEWNET = 0x40000000
+# the programs wrap_argv's script runs before CRIU (with criu itself, a restore's first exec'd files:
+# a container image lists them with their libraries so the host can warm them, containers.helpers)
+WRAPPER_TOOLS = ("unshare", "sh", "ip", "mount", "cp", "chmod", "mkdir", "stat", "setsid")
 
 
 def _setns(path: str, nstype: int) -> None:
