@@ -40,6 +40,9 @@ VARIANTS = {
     # create call (HostWarm's ``early``, its default), or not
     "started-8x8M-early": {"after_start": True, "threads": 8, "chunk": 8 * MiB, "early": True},
     "started-8x8M-noearly": {"after_start": True, "threads": 8, "chunk": 8 * MiB, "early": False},
+    # and then what CRIU reads rather than maps (ELF heads, page runs), still before the bulk reads
+    "started-8x8M-earlycriu": {"after_start": True, "threads": 8, "chunk": 8 * MiB, "early": True,
+                               "early_criu": True},
 }
 REPO = Path(__file__).resolve().parents[1]
 
