@@ -27,6 +27,15 @@ def test_cpu_spec_argv_and_env(tmp_path):
     for key in ("VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH", "TMPDIR"):
         assert env[key].startswith(str(tmp_path / "r"))
     assert spec.full_env()["PATH"] == os.environ["PATH"]
+    # our CPU worker runs in vLLM's in-process executor (which vLLM-CPU allows only without its
+    # engine multiprocessing flag); the stock worker and the GPU keep vLLM's own default
+    assert argv[argv.index("--distributed-executor-backend") + 1] == "uni"
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    for other in (EngineSpec(model=tmp_path, run_dir=tmp_path, sleep_mode=False, worker_cls=""),
+                  EngineSpec.for_gpu(tmp_path / "m", tmp_path / "r"),
+                  EngineSpec(model=tmp_path, run_dir=tmp_path, extra_args=["--distributed-executor-backend", "mp"])):
+        assert "--distributed-executor-backend" not in other.vllm_args()
+        assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in other.env_overrides()
 
 
 def test_gpu_spec_uses_vllm_sleep(tmp_path):
