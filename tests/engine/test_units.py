@@ -34,8 +34,7 @@ def test_cpu_spec_argv_and_env(tmp_path):
     for other in (EngineSpec(model=tmp_path, run_dir=tmp_path, sleep_mode=False, worker_cls=""),
                   EngineSpec.for_gpu(tmp_path / "m", tmp_path / "r"),
                   EngineSpec(model=tmp_path, run_dir=tmp_path, extra_args=["--distributed-executor-backend", "mp"])):
-        assert "--distributed-executor-backend" not in other.vllm_args()
-        assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in other.env_overrides()
+        assert "uni" not in other.vllm_args() and "VLLM_ENABLE_V1_MULTIPROCESSING" not in other.env_overrides()
 
 
 def test_gpu_spec_uses_vllm_sleep(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -247,12 +248,33 @@ def test_restored_greedy_output_equals_a_stock_server(snapshot, tiny_model_dir):
         res.stop()
 
 
-def test_restored_worker_threads_are_bound_like_at_checkpoint(snapshot):
-    """CRIU does not keep CPU masks; vLLM binds its CPU worker's threads (one core kept for the API
-    server and EngineCore). The checkpoint records the masks and the restore sets them again."""
+@pytest.fixture(scope="module")
+def mp_snapshot(tiny_model_dir, tmp_path_factory):
+    """The tiny model checkpointed in vLLM's multiproc layout (a worker process whose OpenMP threads
+    vLLM binds, one core kept for the API server and EngineCore). Our default in-process layout binds
+    no thread, so only this layout exercises the masks' round trip."""
+    import socket
+
+    from coldstart.pipeline.checkpoint import CheckpointOptions, checkpoint
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path_factory.mktemp("mp-snapshot") / "snap"
+    m, _ = checkpoint(CheckpointOptions(model=tiny_model_dir, out=out, port=port,
+                                        engine_args=["--distributed-executor-backend", "mp"]), say=print)
+    yield out, m
+    shutil.rmtree(out, ignore_errors=True)
+
+
+def test_restored_worker_threads_are_bound_like_at_checkpoint(mp_snapshot):
+    """CRIU does not keep CPU masks; vLLM's multiproc executor binds its CPU worker's threads (one
+    core kept for the API server and EngineCore). The checkpoint records the masks and the restore
+    sets them again."""
     from coldstart.pipeline import affinity
 
-    snap, m = snapshot
+    snap, m = mp_snapshot
+    assert m.pids and len(m.pids) >= 3, m.pids  # API server, EngineCore, Worker (+ resource tracker)
     if not m.affinity:
         pytest.skip("vLLM bound no thread at checkpoint (a 1-CPU host, or VLLM_CPU_OMP_THREADS_BIND=nobind)")
     res = restore(RestoreOptions(snapshot=snap, fallback=False), say=print)
