@@ -43,6 +43,10 @@ VARIANTS = {
     # and then what CRIU reads rather than maps (ELF heads, page runs), still before the bulk reads
     "started-8x8M-earlycriu": {"after_start": True, "threads": 8, "chunk": 8 * MiB, "early": True,
                                "early_criu": True},
+    # after the early files, only the weights from the host: CRIU's and the restored tree's reads
+    # do not queue behind the host's reads of the pages
+    "started-8x8M-early-weights": {"after_start": True, "threads": 8, "chunk": 8 * MiB, "early": True,
+                                   "bulk": "weights"},
 }
 REPO = Path(__file__).resolve().parents[1]
 

@@ -153,6 +153,8 @@ class HostWarm:
     libraries); the bulk reads wait for it too. Behind the bulk reads' queue those small reads took
     about a second of a cold restore. ``early_criu``: the early reader then reads what CRIU reads
     rather than maps too (ELF heads, page runs: +86 MB); off, no gain measured (bench-earlycriu).
+    ``bulk``: "profile" (the default: the profile's ranges, then the weights) or "weights" (the
+    weights file only; slower: it delayed the entrypoint's start by a second, bench-early-weights).
     ``criu_runs``: also ask, at the create call, for what CRIU
     itself reads before the restored tree runs (pipeline.restore.ReadAhead: the heads of the image's
     ELF files it checks, ~100 MiB of page runs); off by default: it gained nothing there
@@ -160,7 +162,7 @@ class HostWarm:
 
     def __init__(self, snapshot: Path, layers: list[Path] | None = None, *, after_start: bool = True,
                  threads: int | None = None, chunk: int | None = None, criu_runs: bool = False,
-                 early: bool = True, early_criu: bool = False):
+                 early: bool = True, early_criu: bool = False, bulk: str = "profile"):
         self.ahead = None
         remap = None
         if layers:
@@ -180,6 +182,9 @@ class HostWarm:
         self._cancelled = False
         self._early_t = None
         self._early_criu = early_criu
+        if bulk not in ("profile", "weights"):
+            raise ValueError(f"bulk must be profile or weights, not {bulk!r}")
+        self._bulk = bulk
         if early:
             self._early_t = threading.Thread(target=self._read_early, args=(Path(snapshot), remap),
                                              name="coldstart-host-warm-early", daemon=True)
@@ -215,11 +220,17 @@ class HostWarm:
         t0 = time.monotonic()
         try:
             m = read_manifest(snapshot)
+            weights = snapshot / m.weights["flat"] if m.weights.get("flat") else None
+            if self._bulk == "weights" and weights is not None:  # the restore's own faults stay first
+                self.warmer = start_warming([weights], profile="off", record="off", mapped=False,
+                                            **({"gate": self.gate} if self.gate else {}), **self._shape)
+                self.stats = self.warmer.wait()
+                self.stats.seconds = time.monotonic() - t0
+                return
             self.warmer = start_warming(warm_paths(snapshot, m), profile="auto", record="off", mapped=remap is not None,
                                         rest="never" if remap is not None else "now", remap=remap,
                                         **({"gate": self.gate} if self.gate else {}), **self._shape)
             st = self.warmer.wait()
-            weights = snapshot / m.weights["flat"] if m.weights.get("flat") else None
             if st.profile_used and weights is not None and not self._cancelled:
                 self.warmer = start_warming([weights], profile="off", record="off", mapped=False, **self._shape)
                 st2 = self.warmer.wait()
