@@ -62,3 +62,28 @@ def test_the_node_record_is_dropped_by_any_write(tmp_path):
     with pytest.raises(integrity.IntegrityError, match="weights.flat: chunk 0"):
         integrity.verify(snap, files, "auto", record=rec)
     assert integrity.verify(snap, files, "off", record=rec)["checked"] == 0
+
+
+def test_sparse_copy_and_data_extents_skip_holes(tmp_path):
+    """vLLM's /dev/shm buffers are long sparse files: the copy and the host's early reads see only
+    their data runs (fsutil.data_extents), and the copy's bytes equal the source's."""
+    import os
+
+    from coldstart.containers.run import _read_data
+    from coldstart.fsutil import data_extents
+    from coldstart.pipeline.manifest import sparse_copy
+
+    src = tmp_path / "shm"
+    with open(src, "wb") as f:
+        f.truncate(64 << 20)
+        f.seek(10 << 20)
+        f.write(b"x" * 5000)
+        f.seek(40 << 20)
+        f.write(os.urandom(3 << 20))
+    with open(src, "rb") as f:
+        runs = list(data_extents(f.fileno()))
+    assert runs and all(a < b for a, b in runs) and sum(b - a for a, b in runs) < 8 << 20
+    data = 5000 + (3 << 20)
+    assert _read_data(src) == sum(b - a for a, b in runs) >= data
+    assert sparse_copy(src, tmp_path / "copy") >= data
+    assert (tmp_path / "copy").read_bytes() == src.read_bytes()

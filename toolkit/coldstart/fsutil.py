@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from typing import Iterator
 
 
 def fsync_dir(d: Path) -> None:
@@ -30,6 +31,20 @@ def fsync_tree(root: Path) -> None:
             finally:
                 os.close(fd)
         fsync_dir(Path(dirpath))
+
+
+def data_extents(fd: int) -> Iterator[tuple[int, int]]:
+    """(start, end) of each run of data in the open file ``fd``, skipping its holes (SEEK_DATA /
+    SEEK_HOLE): vLLM's /dev/shm buffers are ~400 MB long and hold a few pages of data."""
+    size = os.fstat(fd).st_size
+    off = 0
+    while off < size:
+        try:
+            start = os.lseek(fd, off, os.SEEK_DATA)
+        except OSError:  # ENXIO: only a hole is left
+            return
+        off = os.lseek(fd, start, os.SEEK_HOLE)
+        yield start, off
 
 
 def publish_dir(stage: Path, target: Path) -> None:

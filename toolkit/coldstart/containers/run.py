@@ -28,6 +28,8 @@ from typing import Any
 
 from coldstart.criu import images as _images
 from coldstart.criu.caps import RESTORE_NEEDS
+from coldstart.errors import ColdstartError
+from coldstart.fsutil import data_extents
 # imported here, not in host_warm: host_warm runs inside the timed window that starts at the create call
 # (after a dropped page cache, importing the warmer's modules, numpy among them, took 2.5 s there)
 from coldstart.pipeline.events import EventName
@@ -38,6 +40,7 @@ from coldstart.warm import native as _native
 from coldstart.warm import snapshot as _snapshot
 from coldstart.warm import start_warming
 from coldstart.warm.base import WarmStats
+from coldstart.warm.profile import load_profile
 
 _PRELOADED = (_native, _snapshot, _images)  # start_warming imports them lazily: here they load before the clock
 
@@ -221,22 +224,22 @@ class HostWarm:
         try:
             m = read_manifest(snapshot)
             weights = snapshot / m.weights["flat"] if m.weights.get("flat") else None
-            if self._bulk == "weights" and weights is not None:  # the restore's own faults stay first
-                self.warmer = start_warming([weights], profile="off", record="off", mapped=False,
-                                            **({"gate": self.gate} if self.gate else {}), **self._shape)
-                self.stats = self.warmer.wait()
-                self.stats.seconds = time.monotonic() - t0
-                return
-            self.warmer = start_warming(warm_paths(snapshot, m), profile="auto", record="off", mapped=remap is not None,
-                                        rest="never" if remap is not None else "now", remap=remap,
-                                        **({"gate": self.gate} if self.gate else {}), **self._shape)
-            st = self.warmer.wait()
-            if st.profile_used and weights is not None and not self._cancelled:
-                self.warmer = start_warming([weights], profile="off", record="off", mapped=False, **self._shape)
+            gate = {"gate": self.gate} if self.gate else {}
+            st = None
+            if self._bulk == "profile" or weights is None:
+                self.warmer = start_warming(warm_paths(snapshot, m), profile="auto", record="off",
+                                            mapped=remap is not None, rest="never" if remap is not None else "now",
+                                            remap=remap, **gate, **self._shape)
+                st = self.warmer.wait()
+            # the weights whole, after the profile's ranges (or alone, with bulk="weights")
+            if weights is not None and not self._cancelled and (st is None or st.profile_used):
+                self.warmer = start_warming([weights], profile="off", record="off", mapped=False, **gate, **self._shape)
                 st2 = self.warmer.wait()
-                st = WarmStats(mode=st.mode, bytes=st.bytes + st2.bytes, planned=st.planned + st2.planned,
-                               finished=st2.finished, profile_used=True, errors=st.errors + st2.errors)
-            st.seconds = time.monotonic() - t0
+                st = st2 if st is None else WarmStats(
+                    mode=st.mode, bytes=st.bytes + st2.bytes, planned=st.planned + st2.planned,
+                    finished=st2.finished, profile_used=True, errors=st.errors + st2.errors)
+            if st is not None:  # (None: cancelled before the weights-only warming started)
+                st.seconds = time.monotonic() - t0
             self.stats = st
         except Exception as e:  # noqa: BLE001 - warming is an optimisation: the restore goes on
             self.error = f"{type(e).__name__}: {e}"
@@ -270,18 +273,15 @@ def early_files(snapshot: Path, remap=None) -> list[Path]:
     wrapper open: its metadata images (not the pages), the shm and link-remap copies, the run dir's
     files the server holds open (not the rest of run/: the checkpoint's compile cache, 150 MB for the
     bench model, is not read before the first token)."""
-    import json
-
     from coldstart.containers.helpers import RESTORE_FILES
 
     out: list[Path] = []
     prof = _snapshot.node_profile(snapshot)
     if remap is not None and prof is not None and prof.exists():
         try:
-            ranges = json.loads(prof.read_text()).get("ranges", [])
-        except (OSError, ValueError):
-            ranges = []
-        out += [remap(Path(r["file"])) for r in ranges if r.get("source") == "process"]
+            out += [remap(Path(r.file)) for r in load_profile(prof).ranges if r.source == "process"]
+        except ColdstartError:
+            pass  # an unreadable profile: the bulk warmer's plan says so
     out.append(snapshot / "manifest.json")
     if remap is not None:
         try:
@@ -331,21 +331,11 @@ def _read_criu_first(images: Path, remap, cancelled=lambda: False) -> int:
 def _read_data(path: Path, cancelled=lambda: False) -> int:
     """Read ``path``'s data into the page cache, skipping its holes (the shm copies are sparse: 400 MB
     long, 100 KB of data); returns the bytes read."""
-    buf = bytearray(1 << 20)
     n = 0
     with open(path, "rb", buffering=0) as f:
-        fd = f.fileno()
-        end = os.fstat(fd).st_size
-        pos = 0
-        while pos < end and not cancelled():
-            try:
-                pos = os.lseek(fd, pos, os.SEEK_DATA)
-                hole = os.lseek(fd, pos, os.SEEK_HOLE)
-            except OSError:  # ENXIO: no data after pos
-                break
-            os.lseek(fd, pos, os.SEEK_SET)
-            while pos < hole and not cancelled():
-                got = f.readinto(memoryview(buf)[:min(len(buf), hole - pos)])
+        for pos, end in data_extents(f.fileno()):
+            while pos < end and not cancelled():
+                got = len(os.pread(f.fileno(), min(1 << 20, end - pos), pos))
                 if not got:
                     return n
                 n += got

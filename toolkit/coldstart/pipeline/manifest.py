@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from coldstart.errors import ColdstartError
+from coldstart.fsutil import data_extents
 from coldstart.pipeline.integrity import file_digests
 
 SCHEMA_VERSION = 2  # 2: canonical run dir, per-chunk digests, run/ part of the immutable snapshot
@@ -241,16 +242,8 @@ def sparse_copy(src: Path, dst: Path, block: int = 1 << 16) -> int:
     written = 0
     zero = bytes(block)
     with open(src, "rb", buffering=0) as fi, open(dst, "wb", buffering=0) as fo:
-        size = os.fstat(fi.fileno()).st_size
-        fo.truncate(size)
-        off = 0
-        while off < size:
-            try:
-                data_at = os.lseek(fi.fileno(), off, os.SEEK_DATA)
-            except OSError:  # ENXIO: only a hole is left
-                break
-            hole_at = os.lseek(fi.fileno(), data_at, os.SEEK_HOLE)
-            pos = data_at
+        fo.truncate(os.fstat(fi.fileno()).st_size)
+        for pos, hole_at in data_extents(fi.fileno()):
             while pos < hole_at:
                 n = min(block, hole_at - pos)
                 buf = os.pread(fi.fileno(), n, pos)
@@ -258,6 +251,5 @@ def sparse_copy(src: Path, dst: Path, block: int = 1 << 16) -> int:
                     os.pwrite(fo.fileno(), buf, pos)
                     written += len(buf)
                 pos += n
-            off = hole_at
     shutil.copystat(src, dst)
     return written
