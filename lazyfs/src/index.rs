@@ -2,8 +2,9 @@
 //!
 //! The index is the JSON of `Index.to_bytes()` in toolkit/coldstart/registry/artifact.py: entries
 //! (relative "/"-separated paths, sorted; every parent listed as a dir except the root), each file
-//! a list of chunk indices; each chunk a BLAKE3 digest, a size and a place (pack, offset); each
-//! pack a registry blob. Everything is checked here, once, so the filesystem can index without
+//! a list of chunk indices; each chunk a BLAKE3 digest of its bytes, a size, a place (pack,
+//! offset) and how it is stored there (version 2: `stored` bytes, `codec` "" as is or "zstd" one
+//! zstd frame; version 1 has neither: as is); each pack a registry blob. Everything is checked here, once, so the filesystem can index without
 //! bounds surprises: a malformed index is a startup error, never an EIO later.
 //!
 //! Inode numbers are stable: the root is 1, `entries[i]` is i + 2.
@@ -13,7 +14,7 @@ use std::collections::HashMap;
 use serde::Deserialize;
 
 pub const ROOT: u64 = 1;
-const VERSION: u32 = 1;
+const VERSIONS: [u32; 2] = [1, 2];
 
 #[derive(Deserialize)]
 struct RawIndex {
@@ -46,6 +47,10 @@ struct RawChunk {
     size: u64,
     pack: i64,
     offset: u64,
+    #[serde(default)]
+    stored: Option<u64>,
+    #[serde(default)]
+    codec: String,
 }
 
 #[derive(Deserialize)]
@@ -55,10 +60,12 @@ struct RawPack {
 }
 
 pub struct Chunk {
-    pub hash: blake3::Hash,
+    pub hash: blake3::Hash, // of the chunk's bytes (decompressed)
     pub size: usize,
     pub pack: usize,
-    pub offset: u64, // within the pack
+    pub offset: u64,    // within the pack
+    pub stored: usize,  // bytes in the pack
+    pub zstd: bool,     // stored as one zstd frame
 }
 
 pub struct Pack {
@@ -93,8 +100,8 @@ pub struct Index {
 impl Index {
     pub fn parse(raw: &[u8]) -> Result<Index, String> {
         let raw: RawIndex = serde_json::from_slice(raw).map_err(|e| e.to_string())?;
-        if raw.version != VERSION {
-            return Err(format!("index version {} is not {VERSION}", raw.version));
+        if !VERSIONS.contains(&raw.version) {
+            return Err(format!("index version {} is not one of {VERSIONS:?}", raw.version));
         }
         let packs: Vec<Pack> = raw.packs.into_iter().map(|p| Pack { digest: p.digest, size: p.size }).collect();
         for p in &packs {
@@ -112,10 +119,19 @@ impl Index {
                 .ok_or_else(|| format!("chunk {i}: digest {:?} is not blake3:<hex>", c.digest))?;
             let pack = usize::try_from(c.pack).ok().filter(|&p| p < packs.len());
             let pack = pack.ok_or_else(|| format!("chunk {i}: pack {} out of range", c.pack))?;
-            if c.size == 0 || c.offset.checked_add(c.size).is_none_or(|end| end > packs[pack].size) {
-                return Err(format!("chunk {i}: bytes {}+{} are not inside pack {pack}", c.offset, c.size));
+            let zstd = match c.codec.as_str() {
+                "" => false,
+                "zstd" => true,
+                other => return Err(format!("chunk {i}: unknown codec {other:?}")),
+            };
+            let stored = c.stored.unwrap_or(c.size);
+            if c.size == 0 || stored == 0 || (!zstd && stored != c.size) {
+                return Err(format!("chunk {i}: {stored} bytes stored for {} ({:?})", c.size, c.codec));
             }
-            chunks.push(Chunk { hash, size: c.size as usize, pack, offset: c.offset });
+            if c.offset.checked_add(stored).is_none_or(|end| end > packs[pack].size) {
+                return Err(format!("chunk {i}: bytes {}+{stored} are not inside pack {pack}", c.offset));
+            }
+            chunks.push(Chunk { hash, size: c.size as usize, pack, offset: c.offset, stored: stored as usize, zstd });
         }
 
         let mut nodes =
@@ -241,6 +257,24 @@ mod tests {
     fn a_file_whose_chunks_do_not_add_up_is_refused() {
         let bad = sample().replace(r#""size":6,"target":"","chunks":[0,1]"#, r#""size":7,"target":"","chunks":[0,1]"#);
         assert!(Index::parse(bad.as_bytes()).err().expect("refused").contains("size is 7"));
+    }
+
+    #[test]
+    fn version_1_chunks_are_stored_as_is_and_version_2_names_its_codec() {
+        let ix = Index::parse(sample().as_bytes()).unwrap();
+        assert!(ix.chunks.iter().all(|c| !c.zstd && c.stored == c.size));
+        let v2 = sample()
+            .replace(r#""size":4,"pack":0,"offset":0}"#, r#""size":4,"pack":0,"offset":0,"stored":3,"codec":"zstd"}"#)
+            .replace(r#""size":2,"pack":0,"offset":4}"#, r#""size":2,"pack":0,"offset":3,"stored":2,"codec":""}"#)
+            .replace(r#""version":1"#, r#""version":2"#);
+        let ix = Index::parse(v2.as_bytes()).unwrap();
+        assert!(ix.chunks[0].zstd && ix.chunks[0].stored == 3 && !ix.chunks[1].zstd);
+        let unknown = v2.replace(r#""codec":"zstd""#, r#""codec":"lz4""#);
+        assert!(Index::parse(unknown.as_bytes()).err().expect("refused").contains("unknown codec"));
+        let raw_short = v2.replace(r#""stored":2,"codec":"""#, r#""stored":1,"codec":"""#);
+        assert!(Index::parse(raw_short.as_bytes()).err().expect("refused").contains("stored"));
+        let outside = v2.replace(r#""stored":3,"#, r#""stored":9,"#);
+        assert!(Index::parse(outside.as_bytes()).err().expect("refused").contains("not inside pack"));
     }
 
     #[test]

@@ -1,6 +1,9 @@
 //! Chunks: the node-local cache, the registry, and the rule that no byte is used before its BLAKE3
 //! digest matched.
 //!
+//! A chunk stored compressed (a zstd frame in its pack) is decompressed as it arrives, before the
+//! check: the cache and everything above it hold chunks as the files' bytes.
+//!
 //! A chunk's bytes come from, in order: a small memo of chunks served lately (already verified, in
 //! memory); the cache file CACHE/chunks/<2 hex>/<hex>, read through this daemon's pin link to it
 //! (cache.rs: a pinned file is never evicted) and verified again on every read since a file can be
@@ -20,7 +23,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::auth::{self, Creds};
 use crate::cache::{make_pin_dir, Bound};
-use crate::index::Index;
+use crate::index::{Chunk, Index};
 use crate::log::say;
 
 /// A chunk's verified bytes: shared, immutable, from `off` to the end of their buffer (a direct
@@ -214,7 +217,7 @@ impl Store {
                     let ci = *cur as u32;
                     let c = &self.index.chunks[ci as usize];
                     if let Some(&prev) = want.last() {
-                        if !self.follows(prev, ci) || size + c.size > MAX_RUN {
+                        if !self.follows(prev, ci) || size + c.stored > MAX_RUN {
                             break;
                         }
                     }
@@ -225,7 +228,7 @@ impl Store {
                         }
                         break;
                     }
-                    size += c.size;
+                    size += c.stored;
                     want.push(ci);
                 }
                 let mut flights = self.flights.lock().unwrap();
@@ -244,7 +247,7 @@ impl Store {
             for sub in self.runs(&run) {
                 for (ci, r) in sub.iter().zip(self.fetch_run(&sub)) {
                     match r {
-                        Ok(_) => bytes += self.index.chunks[*ci as usize].size as u64,
+                        Ok(_) => bytes += self.index.chunks[*ci as usize].stored as u64,
                         Err(_) => failed += 1,
                     }
                 }
@@ -287,7 +290,7 @@ impl Store {
     /// Whether chunk `b` sits right after chunk `a` in the same pack (one GET can carry both).
     fn follows(&self, a: u32, b: u32) -> bool {
         let (x, y) = (&self.index.chunks[a as usize], &self.index.chunks[b as usize]);
-        x.pack == y.pack && x.offset + x.size as u64 == y.offset
+        x.pack == y.pack && x.offset + x.stored as u64 == y.offset
     }
 
     /// Split chunks into runs that one GET each can fetch.
@@ -295,7 +298,7 @@ impl Store {
         let mut out: Vec<Vec<u32>> = Vec::new();
         let mut size = 0;
         for &ci in cis {
-            let c = self.index.chunks[ci as usize].size;
+            let c = self.index.chunks[ci as usize].stored;
             match out.last_mut() {
                 Some(run) if self.follows(*run.last().unwrap(), ci) && size + c <= MAX_RUN => {
                     run.push(ci);
@@ -316,7 +319,7 @@ impl Store {
         let ix = &self.index;
         let (first, last) = (&ix.chunks[run[0] as usize], &ix.chunks[*run.last().unwrap() as usize]);
         let pack = first.pack;
-        let got = self.get_range(pack, first.offset, last.offset + last.size as u64);
+        let got = self.get_range(pack, first.offset, last.offset + last.stored as u64);
         let mut out = Vec::with_capacity(run.len());
         for &ci in run {
             let c = &ix.chunks[ci as usize];
@@ -324,7 +327,7 @@ impl Store {
                 Err(e) => Err(e.clone()),
                 Ok(buf) => {
                     let at = (c.offset - first.offset) as usize;
-                    self.verified(ci, &buf[at..at + c.size])
+                    self.verified(ci, &buf[at..at + c.stored])
                 }
             };
             match &r {
@@ -342,24 +345,25 @@ impl Store {
             out.push(r);
         }
         if got.is_ok() {
-            self.stats.fetched_bytes.fetch_add(last.offset + last.size as u64 - first.offset, Relaxed);
+            self.stats.fetched_bytes.fetch_add(last.offset + last.stored as u64 - first.offset, Relaxed);
         }
         out
     }
 
-    /// `data` as the chunk's bytes if its digest matches; else one refetch of the chunk alone.
+    /// The chunk's bytes from its stored form `data` (decompressed if it is a frame) if their digest
+    /// matches; else one refetch of the chunk alone.
     fn verified(&self, ci: u32, data: &[u8]) -> Result<Bytes, String> {
         let c = &self.index.chunks[ci as usize];
         let pack = &self.index.packs[c.pack].digest;
-        if blake3::hash(data) == c.hash {
-            return Ok(Bytes::from(data.to_vec()));
+        if let Some(b) = decoded(c, data) {
+            return Ok(Bytes::from(b));
         }
         self.stats.verify_failures.fetch_add(1, Relaxed);
         say!("chunk blake3:{} from pack {pack} failed verification; fetching it again", c.hash.to_hex());
-        let again = self.get_range(c.pack, c.offset, c.offset + c.size as u64)?;
-        self.stats.fetched_bytes.fetch_add(c.size as u64, Relaxed);
-        if blake3::hash(&again) == c.hash {
-            return Ok(Bytes::from(again));
+        let again = self.get_range(c.pack, c.offset, c.offset + c.stored as u64)?;
+        self.stats.fetched_bytes.fetch_add(c.stored as u64, Relaxed);
+        if let Some(b) = decoded(c, &again) {
+            return Ok(Bytes::from(b));
         }
         self.stats.verify_failures.fetch_add(1, Relaxed);
         let e = format!("chunk blake3:{} from pack {pack} failed verification twice: EIO", c.hash.to_hex());
@@ -528,6 +532,13 @@ impl Store {
             memo.pop_front();
         }
     }
+}
+
+/// A chunk's bytes from its stored form if they match its digest: a zstd frame must decode to
+/// exactly the chunk's size (a larger output is cut off, never allocated) before it is hashed.
+fn decoded(c: &Chunk, data: &[u8]) -> Option<Vec<u8>> {
+    let out = if c.zstd { zstd::bulk::decompress(data, c.size).ok()? } else { data.to_vec() };
+    (out.len() == c.size && blake3::hash(&out) == c.hash).then_some(out)
 }
 
 /// A cache file's bytes read around the page cache (O_DIRECT) where the filesystem allows it: the

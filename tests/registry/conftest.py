@@ -21,12 +21,15 @@ def registry(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory) -> Path:
-    """Files larger than a chunk and a pack, an empty file, a file with repeated chunks (stored once),
-    a private file, nested and empty directories, a relative symlink, a FIFO and a unix socket."""
+    """Files larger than a chunk and a pack, random (stored as is) and text (stored compressed), an
+    empty file, a file with repeated chunks (stored once), a private file, nested and empty
+    directories, a relative symlink, a FIFO and a unix socket."""
     root = tmp_path_factory.mktemp("tree") / "t"
     (root / "sub" / "deeper").mkdir(parents=True)
     (root / "emptydir").mkdir()
     (root / "big.bin").write_bytes(os.urandom(3_500_000))
+    (root / "text.txt").write_text("".join(f"line {i}: {os.urandom(4).hex()} the quick brown fox\n"
+                                           for i in range(20_000)))
     block = os.urandom(64 << 10)
     (root / "dup.bin").write_bytes(block * 6 + b"tail")
     (root / "empty").write_bytes(b"")

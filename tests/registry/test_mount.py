@@ -44,17 +44,18 @@ def mounted(registry, tree, tmp_path):
 
 def test_reads_are_identical_sequential_random_and_mmap(mounted, tree):
     same_tree(tree, mounted.mountpoint)
-    src, dst = (tree / "big.bin").read_bytes(), mounted.mountpoint / "big.bin"
     rnd = random.Random(0)
-    with open(dst, "rb", buffering=0) as f:
-        for _ in range(200):
-            off = rnd.randrange(len(src))
-            n = rnd.randrange(1, 300_000)
-            assert os.pread(f.fileno(), n, off) == src[off:off + n]
-        with mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mm:
+    for name in ("big.bin", "text.txt"):  # chunks stored as is, and as zstd frames
+        src, dst = (tree / name).read_bytes(), mounted.mountpoint / name
+        with open(dst, "rb", buffering=0) as f:
             for _ in range(200):
-                off = rnd.randrange(len(src) - 4096)
-                assert mm[off:off + 4096] == src[off:off + 4096]
+                off = rnd.randrange(len(src))
+                n = rnd.randrange(1, 300_000)
+                assert os.pread(f.fileno(), n, off) == src[off:off + n]
+            with mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mm:
+                for _ in range(200):
+                    off = rnd.randrange(len(src) - 4096)
+                    assert mm[off:off + 4096] == src[off:off + 4096]
     with pytest.raises(OSError) as e:
         open(mounted.mountpoint / "big.bin", "r+b")
     assert e.value.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
@@ -68,10 +69,11 @@ def _pack_of(ref: str, path: str) -> tuple[str, int]:
     return index.packs[c.pack].digest, c.offset
 
 
-def test_chunk_corrupt_in_registry_gives_eio_never_bytes(registry, tree, tmp_path):
-    ref = f"{registry.host}/t/badchunk:v1"
+@pytest.mark.parametrize("name", ["big.bin", "text.txt"])  # a chunk stored as is, one stored as a zstd frame
+def test_chunk_corrupt_in_registry_gives_eio_never_bytes(registry, tree, tmp_path, name):
+    ref = f"{registry.host}/t/badchunk-{name.replace('.', '-')}:v1"
     artifact.push(tree, ref, **SMALL)
-    digest, off = _pack_of(ref, "big.bin")
+    digest, off = _pack_of(ref, name)
     blob = registry.blob_path(digest)
     original = blob.read_bytes()
     data = bytearray(original)
@@ -79,11 +81,11 @@ def test_chunk_corrupt_in_registry_gives_eio_never_bytes(registry, tree, tmp_pat
     blob.write_bytes(bytes(data))
     m = mount.mount(ref, tmp_path / "mnt", prefetch=False, timeout_s=5)
     try:
-        with open(m.mountpoint / "big.bin", "rb", buffering=0) as f:
+        with open(m.mountpoint / name, "rb", buffering=0) as f:
             with pytest.raises(OSError) as e:
                 os.pread(f.fileno(), 4096, 0)
             assert e.value.errno == errno.EIO
-            good = (tree / "big.bin").read_bytes()
+            good = (tree / name).read_bytes()
             assert os.pread(f.fileno(), 4096, 64 << 10) == good[64 << 10:(64 << 10) + 4096]  # next chunk is fine
     finally:
         m.unmount()

@@ -44,6 +44,62 @@ def test_round_trip_is_bit_exact_and_dedups(registry, tree, tmp_path):
     same_tree(tree, out.dir)
 
 
+def test_compressible_chunks_travel_compressed_and_come_back_bit_exact(registry, tree, tmp_path):
+    raw_bytes = sum(p.stat().st_size for p in tree.rglob("*") if p.is_file() and not p.is_symlink())
+    packs = {}
+    for compress in ("zstd", "none"):
+        ref = f"{registry.host}/t/codec-{compress}:v1"
+        res = artifact.push(tree, ref, **SMALL, compress=compress)
+        index, _, _ = artifact.fetch_index(Registry(Ref.parse(ref)))
+        text = [index.chunks[ci] for ci in next(e for e in index.entries if e.path == "text.txt").chunks]
+        rand = [index.chunks[ci] for ci in next(e for e in index.entries if e.path == "big.bin").chunks]
+        assert all(not c.codec and c.stored == c.size for c in rand)  # random bytes: kept as they are
+        if compress == "zstd":
+            assert all(c.codec == "zstd" and c.stored < c.size // 2 for c in text)
+        else:
+            assert all(not c.codec and c.stored == c.size for c in text)
+        packs[compress] = res.total_bytes
+        same_tree(tree, artifact.pull(ref, tmp_path / compress).dir)
+    assert packs["zstd"] < packs["none"] and packs["none"] < raw_bytes  # (dup.bin's repeats stored once)
+
+
+def test_corrupt_compressed_chunk_is_never_published(registry, tree, tmp_path):
+    ref = f"{registry.host}/t/corrupt-zstd:v1"
+    artifact.push(tree, ref, **SMALL)
+    index, _, _ = artifact.fetch_index(Registry(Ref.parse(ref)))
+    c = index.chunks[next(e for e in index.entries if e.path == "text.txt").chunks[1]]
+    assert c.codec == "zstd"
+    blob = registry.blob_path(index.packs[c.pack].digest)
+    original = blob.read_bytes()
+    data = bytearray(original)
+    data[c.offset + c.stored // 2] ^= 0x5A
+    blob.write_bytes(bytes(data))
+    try:
+        with pytest.raises(artifact.ArtifactError, match=r"chunk \d+ .* is corrupt"):
+            artifact.pull(ref, tmp_path / "out")
+    finally:
+        blob.write_bytes(original)
+    assert not (tmp_path / "out").exists()
+
+
+def test_version_1_indexes_read_as_uncompressed_and_bad_codecs_are_refused():
+    v1 = {"chunk_size": 4, "version": 1, "entries": [{"path": "f", "type": "file", "mode": 420, "size": 4,
+                                                      "chunks": [0]}],
+          "chunks": [{"digest": "blake3:" + "0" * 64, "size": 4, "pack": 0, "offset": 0}],
+          "packs": [{"digest": "sha256:" + "0" * 64, "size": 4, "chunks": [0, 1]}]}
+    c = artifact.Index.from_dict(v1).chunks[0]
+    assert (c.stored, c.codec) == (4, "")
+    for bad in ({"codec": "lz4", "stored": 3}, {"codec": "", "stored": 3}, {"codec": "zstd", "stored": 0}):
+        d = {**v1, "version": 2, "chunks": [{**v1["chunks"][0], **bad}]}
+        with pytest.raises(artifact.ArtifactError, match="malformed artifact index"):
+            artifact.Index.from_dict(d)
+
+
+def test_unknown_compression_is_named(registry, tree):
+    with pytest.raises(artifact.ArtifactError, match="compression must be one of zstd, none, not 'lz4'"):
+        artifact.push(tree, f"{registry.host}/t/lz4:v1", compress="lz4")
+
+
 def test_second_push_uploads_no_blob(registry, tree):
     ref = f"{registry.host}/t/again:v1"
     first = artifact.push(tree, ref, **SMALL)

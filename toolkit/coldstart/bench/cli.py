@@ -30,7 +30,8 @@ def bench_lazy(
     reps: int = typer.Option(2, help="repetitions per cell"),
     methods: str = typer.Option("pull,lazy,lazy+prefetch,nydus,local",
                                 help="pull | lazy | lazy+prefetch | nydus (skipped when scripts/setup-nydus has not "
-                                     "built it) | local | lazy+prefetch-all (every chunk prefetched from the mount on)"),
+                                     "built it) | local | lazy+prefetch-all (every chunk prefetched from the mount on) | "
+                                     "lazy+prefetch-raw (the trees pushed with --compress none)"),
     work: Path = typer.Option(Path("/var/tmp/coldstart-bench-lazy"), help="snapshots, registry storage, node state"),
     out: Path = typer.Option(Path("results/lazy"), help="results directory (raw.jsonl, table.md, COMMAND)"),
     runtime: bool = typer.Option(False, "--runtime", help="the node lacks the runtime too: this venv is pushed "

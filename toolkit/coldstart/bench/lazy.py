@@ -6,6 +6,8 @@ registry behind a shaped link (registry.link: 1 or 10 Gbit/s), by
 - ``lazy+prefetch``: the same with the restore's default prefetch: the chunks the access profile
   names, in first-access order, the rest from the first token on;
 - ``lazy+prefetch-all`` (only when asked for): every chunk in first-access order from the mount on;
+- ``lazy+prefetch-raw`` (only when asked for): lazy + prefetch of the same trees pushed with
+  ``--compress none`` (every chunk as is: what the link carried before compression);
 - ``nydus``: the same tree as a RAFS image in the same registry, mounted by nydusd (its bootstrap
   fetched first, prefetch of the profile's files in first-access order, then the rest), then
   `coldstart restore MOUNT` (registry.nydus; skipped with a note when nydus is not built);
@@ -33,7 +35,13 @@ from typing import Callable
 
 Say = Callable[[str], None]
 METHODS = ("pull", "lazy", "lazy+prefetch", "nydus", "local")
-EXTRA_METHODS = ("lazy+prefetch-all",)  # measured only when asked for (--methods)
+EXTRA_METHODS = ("lazy+prefetch-all", "lazy+prefetch-raw")  # measured only when asked for (--methods)
+EXTRA_WHAT = {
+    "lazy+prefetch-all": "the mount prefetching every chunk in first-access order from the start, as before the "
+                         "restore's default became the profiled chunks first and the rest from the first token on",
+    "lazy+prefetch-raw": "lazy + prefetch of the snapshot (and runtime) pushed with `--compress none`: every chunk "
+                         "as is, as before chunks were stored as zstd frames",
+}
 
 
 def _rx(dev: str) -> int:
@@ -181,24 +189,33 @@ def run_bench(cases: list[tuple[str, Path]], rates: list[float], reps: int, work
                         rows.append({"size": size, "rate_gbit": rate,
                                      **one_start("local", "", snap, work / "node-state", None, dict(os.environ)),
                                      "method": "local-first"})
-                    ref = f"http://{L.addr}:5000/snapshots/{size}:bench"
-                    pr = artifact.push(snap, ref)
-                    index, _, _ = artifact.fetch_index(Registry(Ref.parse(ref)))
-                    rows.append({"size": size, "rate_gbit": rate, "method": "artifact", "bytes": index.bytes,
-                                 "chunks": len(index.chunks), "packs": len(index.packs),
-                                 "profiled_bytes": sum(c.size for c in index.chunks[:index.profiled]),
-                                 "push_s": pr.seconds})
-                    say(json.dumps(rows[-1]))
-                    rt_ref = ""
-                    if runtime is not None:
-                        rt_ref = f"http://{L.addr}:5000/runtimes/{size}:bench"
-                        pr = artifact.push_runtime(runtime, rt_ref, runtime_ranges_of(runtime, snap))
-                        index, _, _ = artifact.fetch_index(Registry(Ref.parse(rt_ref)))
-                        rows.append({"size": size, "rate_gbit": rate, "method": "runtime-artifact",
-                                     "bytes": index.bytes, "chunks": len(index.chunks),
-                                     "profiled_bytes": sum(c.size for c in index.chunks[:index.profiled]),
-                                     "push_s": pr.seconds, "uploaded_bytes": pr.uploaded_bytes})
+                    refs: dict[str, tuple[str, str]] = {}  # compression -> (snapshot ref, runtime ref)
+                    for comp in ("zstd", "none") if "lazy+prefetch-raw" in methods else ("zstd",):
+                        tag = "" if comp == "zstd" else "-raw"
+                        ref = f"http://{L.addr}:5000/snapshots/{size}{tag}:bench"
+                        pr = artifact.push(snap, ref, compress=comp)
+                        index, _, _ = artifact.fetch_index(Registry(Ref.parse(ref)))
+                        rows.append({"size": size, "rate_gbit": rate, "method": "artifact" + tag, "compress": comp,
+                                     "bytes": index.bytes, "file_bytes": sum(e.size for e in index.entries),
+                                     "chunks": len(index.chunks), "packs": len(index.packs),
+                                     "profiled_bytes": sum(c.stored for c in index.chunks[:index.profiled]),
+                                     "profiled_file_bytes": sum(c.size for c in index.chunks[:index.profiled]),
+                                     "push_s": pr.seconds})
                         say(json.dumps(rows[-1]))
+                        rt_ref = ""
+                        if runtime is not None:
+                            rt_ref = f"http://{L.addr}:5000/runtimes/{size}{tag}:bench"
+                            pr = artifact.push_runtime(runtime, rt_ref, runtime_ranges_of(runtime, snap), compress=comp)
+                            index, _, _ = artifact.fetch_index(Registry(Ref.parse(rt_ref)))
+                            rows.append({"size": size, "rate_gbit": rate, "method": "runtime-artifact" + tag,
+                                         "compress": comp, "bytes": index.bytes,
+                                         "file_bytes": sum(e.size for e in index.entries), "chunks": len(index.chunks),
+                                         "profiled_bytes": sum(c.stored for c in index.chunks[:index.profiled]),
+                                         "profiled_file_bytes": sum(c.size for c in index.chunks[:index.profiled]),
+                                         "push_s": pr.seconds, "uploaded_bytes": pr.uploaded_bytes})
+                            say(json.dumps(rows[-1]))
+                        refs[comp] = (ref, rt_ref)
+                    ref, rt_ref = refs["zstd"]
                     boot = ""
                     if "nydus" in methods:
                         boot = _nydus_image(snap, ref, work / "nydus-images" / size, rows, size, rate, say)
@@ -207,9 +224,10 @@ def run_bench(cases: list[tuple[str, Path]], rates: list[float], reps: int, work
                             if method == "local":  # its page cache as a node that has the snapshot keeps it:
                                 # another method may just have dropped it (one unmeasured start fills it)
                                 one_start("local", ref, snap, work / "node-state", None, dict(os.environ))
+                            r_ref, r_rt = refs["none" if method.endswith("-raw") else "zstd"]
                             row = {"size": size, "rate_gbit": rate, "rep": rep,
-                                   **one_start(method, ref, snap, work / "node-state", L.node_if,
-                                               dict(os.environ), boot, rt_ref)}
+                                   **one_start(method, r_ref, snap, work / "node-state", L.node_if,
+                                               dict(os.environ), boot, r_rt)}
                             rows.append(row)
                             say(json.dumps({k: v for k, v in row.items() if k != "events"}))
             finally:
@@ -230,7 +248,7 @@ def render(rows: list[dict], host: str, command: str) -> str:
          "First token counted from the spawn of the first command (pull or restore); node emptied before "
          "each start (chunk cache, verification records, profiles, page cache) except `local` (warm page cache). "
          "Medians; link bytes = bytes received on the node's side of the veth before the first token. nydusd: "
-         "nydus-rs 2.2.0, RAFS v6, uncompressed, 1 MiB chunks, prefetch of the profile's files first then all, "
+         "nydus-rs 2.2.0, RAFS v6, zstd as ours, 1 MiB chunks, prefetch of the profile's files first then all, "
          "no chunk digest check on read (v6 has none; our mount checks every chunk); its bootstrap fetch and "
          "mount are inside its time.", "",
          "| model | link | artifact (MiB) | pull then restore (s) | lazy (s) | lazy + prefetch (s) | nydusd (s) "
@@ -260,8 +278,7 @@ def render(rows: list[dict], host: str, command: str) -> str:
                      + " | " + (f"**{t['pull'] / lp:.1f}x**" if lp and t["pull"] else "-")
                      + " | " + (f"**{t['nydus'] / lp:.2f}x**" if lp and t["nydus"] else "-") + " |")
     for m in extra:
-        L += ["", f"`{m}` (the mount prefetching every chunk in first-access order from the start, as before "
-              "the restore's default became the profiled chunks first and the rest from the first token on):", "",
+        L += ["", f"`{m}` ({EXTRA_WHAT[m]}):", "",
               "| model | link | first token (s) | link MiB before first token | vs lazy + prefetch |", "|---|---|---|---|---|"]
         for size in dict.fromkeys(r["size"] for r in rows):
             for rate in dict.fromkeys(r["rate_gbit"] for r in rows if r["size"] == size):
@@ -273,6 +290,22 @@ def render(rows: list[dict], host: str, command: str) -> str:
                          + (f"{ta / tp:.2f}x" if ta and tp else "-") + " |")
     L += ["", "bound = max(local warm, bytes needed before the first token ÷ link rate); bytes needed = the least "
           "any lazy method fetched before its first token."]
+    arts = [r for r in rows if r["method"].startswith(("artifact", "runtime-artifact")) and r.get("file_bytes")]
+    if arts:
+        L += ["", "Artifacts as pushed (one push per link; the first shown): the files' bytes, the packs' bytes (what "
+              "the registry stores and a pull fetches), and the profiled chunks' (what a lazy restore fetches first).",
+              "", "| model | artifact | compression | files (MiB) | packs (MiB) | packs / files | profiled chunks, "
+              "stored (MiB) | profiled chunks, files' bytes (MiB) |", "|---|---|---|---|---|---|---|---|"]
+        seen: set = set()
+        for r in arts:
+            k = (r["size"], r["method"])
+            if k in seen:
+                continue
+            seen.add(k)
+            L.append(f"| {r['size']} | {'runtime' if r['method'].startswith('runtime') else 'snapshot'} | "
+                     f"{r.get('compress', 'zstd')} | {r['file_bytes'] / 2**20:.0f} | {r['bytes'] / 2**20:.0f} | "
+                     f"{r['bytes'] / r['file_bytes']:.2f} | {r['profiled_bytes'] / 2**20:.0f} | "
+                     f"{r.get('profiled_file_bytes', r['profiled_bytes']) / 2**20:.0f} |")
     rts = {(r["size"], r["rate_gbit"]): r for r in rows if r["method"] == "runtime-artifact"}
     if rts:
         r = next(iter(rts.values()))

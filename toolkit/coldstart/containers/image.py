@@ -106,9 +106,12 @@ class RuntimeInputs:
 
     def key(self) -> str:
         st = self.criu.stat()
+        # the stage extras' stamps (scripts/setup: .req-<stage>-<hash>) too: an extra added to the venv
+        # must reach the image
+        extras = ",".join(sorted(p.name for p in self.venv.glob(".req-*")))
         return _sha(base_key(), str(self.venv), str(self.python_prefix),
                     f"{self.criu}:{st.st_size}:{int(st.st_mtime)}", (self.venv / ".complete").read_text()
-                    if (self.venv / ".complete").exists() else "")
+                    if (self.venv / ".complete").exists() else "", extras)
 
 
 def _tar_argv(base: Path, inp: RuntimeInputs) -> list[str]:

@@ -5,8 +5,8 @@ digest validation and prefetch. The one owner of those two programs' command lin
 
 Not part of `make setup`: nydus-rs builds for ~25 minutes on 2 cores. `scripts/setup-nydus`
 builds it once (`cargo install nydus-rs --locked`) into $COLDSTART_CACHE/nydus/<version>/bin.
-Settings chosen to match ours where nydus allows: no compression (our packs are not compressed),
-1 MiB chunks (ours), prefetch of the files in the order the node's access profile first touched
+Settings chosen to match ours where nydus allows: zstd-compressed chunks (ours are, by default;
+``compressor="none"`` against an uncompressed push), 1 MiB chunks (ours), prefetch of the files in the order the node's access profile first touched
 them (`--prefetch-policy fs`), all of the rest after. RAFS v6 (nydus's default format) does not
 validate chunk digests on read, so nydusd runs without the check our mount makes on every chunk.
 """
@@ -45,16 +45,17 @@ class Image:
     bootstrap_digest: str  # sha256:... of the bootstrap, pushed as a blob too
 
 
-def build(root: Path, out: Path, prefetch_files: list[str]) -> Image:
-    """RAFS v6 image of ``root`` in ``out`` (kept when already built from the same tree)."""
+def build(root: Path, out: Path, prefetch_files: list[str], compressor: str = "zstd") -> Image:
+    """RAFS v6 image of ``root`` in ``out`` (kept when already built from the same tree, same compressor)."""
     done = out / "image.json"
     if done.exists():
         d = json.loads(done.read_text())
-        return Image(Path(d["bootstrap"]), Path(d["blob"]), d["blob_id"], d["bootstrap_digest"])
+        if d.get("compressor", "none") == compressor:
+            return Image(Path(d["bootstrap"]), Path(d["blob"]), d["blob_id"], d["bootstrap_digest"])
     shutil.rmtree(out, ignore_errors=True)
     (out / "blobs").mkdir(parents=True)
     boot = out / "bootstrap"
-    argv = [binary("nydus-image"), "create", "-t", "dir-rafs", "--fs-version", "6", "--compressor", "none",
+    argv = [binary("nydus-image"), "create", "-t", "dir-rafs", "--fs-version", "6", "--compressor", compressor,
             "--chunk-size", "0x100000", "--digester", "blake3", "--bootstrap", str(boot),
             "--blob-dir", str(out / "blobs"), "--log-level", "warn", "--prefetch-policy",
             "fs" if prefetch_files else "none", "--output-json", str(out / "create.json"), str(root)]
@@ -69,7 +70,7 @@ def build(root: Path, out: Path, prefetch_files: list[str]) -> Image:
     digest = "sha256:" + hashlib.sha256(boot.read_bytes()).hexdigest()
     img = Image(boot, blobs[0], blobs[0].name, digest)
     done.write_text(json.dumps({"bootstrap": str(boot), "blob": str(img.blob), "blob_id": img.blob_id,
-                                "bootstrap_digest": digest}))
+                                "bootstrap_digest": digest, "compressor": compressor}))
     return img
 
 
