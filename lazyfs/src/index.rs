@@ -3,8 +3,9 @@
 //! The index is the JSON of `Index.to_bytes()` in toolkit/coldstart/registry/artifact.py: entries
 //! (relative "/"-separated paths, sorted; every parent listed as a dir except the root), each file
 //! a list of chunk indices; each chunk a BLAKE3 digest of its bytes, a size, a place (pack,
-//! offset) and how it is stored there (version 2: `stored` bytes, `codec` "" as is or "zstd" one
-//! zstd frame; version 1 has neither: as is); each pack a registry blob. Everything is checked here, once, so the filesystem can index without
+//! offset) and how it is stored there (version 2: `stored` bytes, `codec` "" as is, "zstd" one
+//! zstd frame, or "zstd-bg2" one zstd frame of the chunk's even bytes then its odd bytes; version 1
+//! has neither: as is); each pack a registry blob. Everything is checked here, once, so the filesystem can index without
 //! bounds surprises: a malformed index is a startup error, never an EIO later.
 //!
 //! Inode numbers are stable: the root is 1, `entries[i]` is i + 2.
@@ -65,7 +66,15 @@ pub struct Chunk {
     pub pack: usize,
     pub offset: u64,    // within the pack
     pub stored: usize,  // bytes in the pack
-    pub zstd: bool,     // stored as one zstd frame
+    pub codec: Codec,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Codec {
+    Raw,
+    Zstd,
+    /// a zstd frame of the chunk's bytes grouped by position: the even ones, then the odd ones
+    ZstdBg2,
 }
 
 pub struct Pack {
@@ -119,19 +128,20 @@ impl Index {
                 .ok_or_else(|| format!("chunk {i}: digest {:?} is not blake3:<hex>", c.digest))?;
             let pack = usize::try_from(c.pack).ok().filter(|&p| p < packs.len());
             let pack = pack.ok_or_else(|| format!("chunk {i}: pack {} out of range", c.pack))?;
-            let zstd = match c.codec.as_str() {
-                "" => false,
-                "zstd" => true,
+            let codec = match c.codec.as_str() {
+                "" => Codec::Raw,
+                "zstd" => Codec::Zstd,
+                "zstd-bg2" => Codec::ZstdBg2,
                 other => return Err(format!("chunk {i}: unknown codec {other:?}")),
             };
             let stored = c.stored.unwrap_or(c.size);
-            if c.size == 0 || stored == 0 || (!zstd && stored != c.size) {
+            if c.size == 0 || stored == 0 || (codec == Codec::Raw && stored != c.size) {
                 return Err(format!("chunk {i}: {stored} bytes stored for {} ({:?})", c.size, c.codec));
             }
             if c.offset.checked_add(stored).is_none_or(|end| end > packs[pack].size) {
                 return Err(format!("chunk {i}: bytes {}+{stored} are not inside pack {pack}", c.offset));
             }
-            chunks.push(Chunk { hash, size: c.size as usize, pack, offset: c.offset, stored: stored as usize, zstd });
+            chunks.push(Chunk { hash, size: c.size as usize, pack, offset: c.offset, stored: stored as usize, codec });
         }
 
         let mut nodes =
@@ -262,13 +272,15 @@ mod tests {
     #[test]
     fn version_1_chunks_are_stored_as_is_and_version_2_names_its_codec() {
         let ix = Index::parse(sample().as_bytes()).unwrap();
-        assert!(ix.chunks.iter().all(|c| !c.zstd && c.stored == c.size));
+        assert!(ix.chunks.iter().all(|c| c.codec == Codec::Raw && c.stored == c.size));
         let v2 = sample()
             .replace(r#""size":4,"pack":0,"offset":0}"#, r#""size":4,"pack":0,"offset":0,"stored":3,"codec":"zstd"}"#)
             .replace(r#""size":2,"pack":0,"offset":4}"#, r#""size":2,"pack":0,"offset":3,"stored":2,"codec":""}"#)
             .replace(r#""version":1"#, r#""version":2"#);
         let ix = Index::parse(v2.as_bytes()).unwrap();
-        assert!(ix.chunks[0].zstd && ix.chunks[0].stored == 3 && !ix.chunks[1].zstd);
+        assert!(ix.chunks[0].codec == Codec::Zstd && ix.chunks[0].stored == 3 && ix.chunks[1].codec == Codec::Raw);
+        let grouped = v2.replace(r#""codec":"zstd""#, r#""codec":"zstd-bg2""#);
+        assert_eq!(Index::parse(grouped.as_bytes()).unwrap().chunks[0].codec, Codec::ZstdBg2);
         let unknown = v2.replace(r#""codec":"zstd""#, r#""codec":"lz4""#);
         assert!(Index::parse(unknown.as_bytes()).err().expect("refused").contains("unknown codec"));
         let raw_short = v2.replace(r#""stored":2,"codec":"""#, r#""stored":1,"codec":"""#);

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::auth::{self, Creds};
 use crate::cache::{make_pin_dir, Bound};
-use crate::index::{Chunk, Index};
+use crate::index::{Chunk, Codec, Index};
 use crate::log::say;
 
 /// A chunk's verified bytes: shared, immutable, from `off` to the end of their buffer (a direct
@@ -537,8 +537,26 @@ impl Store {
 /// A chunk's bytes from its stored form if they match its digest: a zstd frame must decode to
 /// exactly the chunk's size (a larger output is cut off, never allocated) before it is hashed.
 fn decoded(c: &Chunk, data: &[u8]) -> Option<Vec<u8>> {
-    let out = if c.zstd { zstd::bulk::decompress(data, c.size).ok()? } else { data.to_vec() };
+    let out = match c.codec {
+        Codec::Raw => data.to_vec(),
+        Codec::Zstd => zstd::bulk::decompress(data, c.size).ok()?,
+        Codec::ZstdBg2 => ungroup2(&zstd::bulk::decompress(data, c.size).ok()?),
+    };
     (out.len() == c.size && blake3::hash(&out) == c.hash).then_some(out)
+}
+
+/// The even bytes, then the odd ones (how "zstd-bg2" frames hold a chunk), back in their places.
+fn ungroup2(planes: &[u8]) -> Vec<u8> {
+    let h = planes.len().div_ceil(2);
+    let (even, odd) = planes.split_at(h);
+    let mut out = vec![0u8; planes.len()];
+    for (i, b) in even.iter().enumerate() {
+        out[2 * i] = *b;
+    }
+    for (i, b) in odd.iter().enumerate() {
+        out[2 * i + 1] = *b;
+    }
+    out
 }
 
 /// A cache file's bytes read around the page cache (O_DIRECT) where the filesystem allows it: the
@@ -610,4 +628,16 @@ fn root_certs(ca_file: Option<&Path>) -> Result<ureq::tls::RootCerts, String> {
         return Err(format!("CA file {}: no PEM certificate in it", path.display()));
     }
     Ok(ureq::tls::RootCerts::Specific(Arc::new(certs)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ungroup2;
+
+    #[test]
+    fn ungroup2_puts_even_then_odd_bytes_back_in_place() {
+        assert_eq!(ungroup2(b"acebd"), b"abcde".to_vec());
+        assert_eq!(ungroup2(b"acbd"), b"abcd".to_vec());
+        assert_eq!(ungroup2(b""), Vec::<u8>::new());
+    }
 }

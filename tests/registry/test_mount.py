@@ -45,7 +45,7 @@ def mounted(registry, tree, tmp_path):
 def test_reads_are_identical_sequential_random_and_mmap(mounted, tree):
     same_tree(tree, mounted.mountpoint)
     rnd = random.Random(0)
-    for name in ("big.bin", "text.txt"):  # chunks stored as is, and as zstd frames
+    for name in ("big.bin", "text.txt", "weights.flat"):  # chunks as is, zstd frames, byte-grouped frames
         src, dst = (tree / name).read_bytes(), mounted.mountpoint / name
         with open(dst, "rb", buffering=0) as f:
             for _ in range(200):
@@ -69,7 +69,7 @@ def _pack_of(ref: str, path: str) -> tuple[str, int]:
     return index.packs[c.pack].digest, c.offset
 
 
-@pytest.mark.parametrize("name", ["big.bin", "text.txt"])  # a chunk stored as is, one stored as a zstd frame
+@pytest.mark.parametrize("name", ["big.bin", "text.txt", "weights.flat"])  # as is, zstd, byte-grouped zstd
 def test_chunk_corrupt_in_registry_gives_eio_never_bytes(registry, tree, tmp_path, name):
     ref = f"{registry.host}/t/badchunk-{name.replace('.', '-')}:v1"
     artifact.push(tree, ref, **SMALL)

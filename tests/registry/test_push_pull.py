@@ -53,11 +53,15 @@ def test_compressible_chunks_travel_compressed_and_come_back_bit_exact(registry,
         index, _, _ = artifact.fetch_index(Registry(Ref.parse(ref)))
         text = [index.chunks[ci] for ci in next(e for e in index.entries if e.path == "text.txt").chunks]
         rand = [index.chunks[ci] for ci in next(e for e in index.entries if e.path == "big.bin").chunks]
+        weights = [index.chunks[ci] for ci in next(e for e in index.entries if e.path == "weights.flat").chunks]
         assert all(not c.codec and c.stored == c.size for c in rand)  # random bytes: kept as they are
         if compress == "zstd":
             assert all(c.codec == "zstd" and c.stored < c.size // 2 for c in text)
+            # bf16 weights: each chunk in whichever frame is smaller, byte-grouped for most
+            assert all(c.codec in ("zstd", artifact.GROUPED_CODEC) and c.stored < c.size * 0.8 for c in weights)
+            assert sum(c.codec == artifact.GROUPED_CODEC for c in weights) > len(weights) // 2
         else:
-            assert all(not c.codec and c.stored == c.size for c in text)
+            assert all(not c.codec and c.stored == c.size for c in text + weights)
         packs[compress] = res.total_bytes
         same_tree(tree, artifact.pull(ref, tmp_path / compress).dir)
     assert packs["zstd"] < packs["none"] and packs["none"] < raw_bytes  # (dup.bin's repeats stored once)
@@ -82,6 +86,14 @@ def test_corrupt_compressed_chunk_is_never_published(registry, tree, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_grouped_codec_round_trips_every_length():
+    for n in (0, 1, 2, 7, 64 << 10):
+        data = os.urandom(n)
+        c = artifact.Chunk("", n, stored=1, codec=artifact.GROUPED_CODEC)
+        frame = artifact._encode(data, artifact.GROUPED_CODEC)
+        assert artifact._decode(frame, c) == data
+
+
 def test_version_1_indexes_read_as_uncompressed_and_bad_codecs_are_refused():
     v1 = {"chunk_size": 4, "version": 1, "entries": [{"path": "f", "type": "file", "mode": 420, "size": 4,
                                                       "chunks": [0]}],
@@ -89,7 +101,8 @@ def test_version_1_indexes_read_as_uncompressed_and_bad_codecs_are_refused():
           "packs": [{"digest": "sha256:" + "0" * 64, "size": 4, "chunks": [0, 1]}]}
     c = artifact.Index.from_dict(v1).chunks[0]
     assert (c.stored, c.codec) == (4, "")
-    for bad in ({"codec": "lz4", "stored": 3}, {"codec": "", "stored": 3}, {"codec": "zstd", "stored": 0}):
+    for bad in ({"codec": "lz4", "stored": 3}, {"codec": "", "stored": 3}, {"codec": "zstd", "stored": 0},
+                {"codec": "zstd-bg2", "stored": -1}):
         d = {**v1, "version": 2, "chunks": [{**v1["chunks"][0], **bad}]}
         with pytest.raises(artifact.ArtifactError, match="malformed artifact index"):
             artifact.Index.from_dict(d)

@@ -11,8 +11,8 @@ Layout in the registry (one OCI image manifest, artifactType ARTIFACT_TYPE):
 
 Chunks are CHUNK bytes of one file (the last one shorter) and content-addressed: identical chunks are
 stored once. A chunk is stored in its pack as a zstd frame when that saves at least a sixteenth of it
-(``codec`` "zstd", ``stored`` bytes in the pack; the dumped processes' memory compresses ~4x, random
-weights hardly), else as is: fewer bytes cross the link before a lazy restore's first token. Its
+(``codec`` "zstd", ``stored`` bytes in the pack; the dumped processes' memory compresses ~4x; a
+weights file's chunks may be byte-grouped first, GROUPED_CODEC), else as is: fewer bytes cross the link before a lazy restore's first token. Its
 digest is of its bytes, not of the frame. A chunk is verified (BLAKE3, after decompression) before
 any of its bytes are used; a pack as a whole is
 verified by the registry (sha256) at upload and by ``pull`` at download. Packs are deterministic
@@ -68,21 +68,47 @@ class Chunk:
     pack: int = -1
     offset: int = 0  # within the pack
     stored: int = 0  # bytes in the pack (= size unless compressed)
-    codec: str = ""  # "" (stored as is) or "zstd" (one zstd frame)
+    codec: str = ""  # "" (as is), "zstd" (one zstd frame) or "zstd-bg2" (GROUPED_CODEC)
 
+
+# A 16-bit weight's high byte (sign and most of the exponent) varies little across a tensor, its low
+# byte (mantissa) a lot; zstd sees that only when the bytes are grouped: the even bytes of the chunk,
+# then the odd ones, then one frame. Tried on the weights files (WEIGHT_SUFFIXES) only, kept where it
+# beats plain zstd: the bench model's bf16 weights 0.78 -> 0.71 of their size.
+GROUPED_CODEC = "zstd-bg2"
+CHUNK_CODECS = ("", "zstd", GROUPED_CODEC)
+WEIGHT_SUFFIXES = (".flat", ".safetensors")
 
 _codecs = threading.local()
 
 
-def _encode(data: bytes) -> bytes:
-    """The chunk as one zstd frame (deterministic for a zstd version and level: a second push of the
-    same tree makes the same packs). One compressor per thread: they are not thread-safe."""
+def _group2(data: bytes) -> bytes:
+    import numpy as np
+
+    a = np.frombuffer(data, dtype=np.uint8)
+    return a[0::2].tobytes() + a[1::2].tobytes()
+
+
+def _ungroup2(data: bytes) -> bytes:
+    import numpy as np
+
+    a = np.frombuffer(data, dtype=np.uint8)
+    out = np.empty(len(a), dtype=np.uint8)
+    h = (len(a) + 1) // 2
+    out[0::2], out[1::2] = a[:h], a[h:]
+    return out.tobytes()
+
+
+def _encode(data: bytes, codec: str = "zstd") -> bytes:
+    """The chunk as one zstd frame, of its bytes grouped first for GROUPED_CODEC (deterministic for a
+    zstd version and level: a second push of the same tree makes the same packs). One compressor per
+    thread: they are not thread-safe."""
     c = getattr(_codecs, "c", None)
     if c is None:
         import zstandard  # here: a node that only mounts (the daemon decodes) needs no zstandard
 
         c = _codecs.c = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
-    return c.compress(data)
+    return c.compress(_group2(data) if codec == GROUPED_CODEC else data)
 
 
 def _decode(data: bytes, c: Chunk) -> bytes:
@@ -100,15 +126,20 @@ def _decode(data: bytes, c: Chunk) -> bytes:
         raise ArtifactError(f"chunk {c.digest[:23]}: its zstd frame does not decode ({e})") from None
     if len(out) != c.size:
         raise ArtifactError(f"chunk {c.digest[:23]}: its zstd frame decodes to {len(out)} bytes, not {c.size}")
-    return out
+    return _ungroup2(out) if c.codec == GROUPED_CODEC else out
 
 
-def _stored_form(data: bytes, compress: str) -> tuple[bytes, str]:
-    """(bytes to put in the pack, codec): compressed only where that saves a sixteenth or more."""
+def _stored_form(data: bytes, compress: str, weights: bool = False) -> tuple[bytes, str]:
+    """(bytes to put in the pack, codec): compressed only where that saves a sixteenth or more;
+    ``weights``: the grouped codec tried too, the smaller frame kept."""
     if compress == "zstd":
-        z = _encode(data)
+        z, codec = _encode(data), "zstd"
+        if weights:
+            g = _encode(data, GROUPED_CODEC)
+            if len(g) < len(z):
+                z, codec = g, GROUPED_CODEC
         if len(z) <= len(data) - len(data) // 16:
-            return z, "zstd"
+            return z, codec
     return data, ""
 
 
@@ -157,7 +188,7 @@ class Index:
 
     def __post_init__(self) -> None:
         for i, c in enumerate(self.chunks):
-            if c.codec not in ("", "zstd") or c.stored <= 0 or (not c.codec and c.stored != c.size):
+            if c.codec not in CHUNK_CODECS or c.stored <= 0 or (not c.codec and c.stored != c.size):
                 raise ArtifactError(f"malformed artifact index (chunk {i}: codec {c.codec!r}, {c.stored} bytes "
                                     f"stored for {c.size})")
 
@@ -293,8 +324,8 @@ def build_index(root: Path, *, chunk_size: int = CHUNK, pack_size: int = PACK, s
         f"in {chunk_size >> 10} KiB chunks")
     per_file: dict[str, list[tuple[str, int, int, str]]] = {}  # path -> (digest, size, stored, codec) per chunk
 
-    def one_chunk(b: bytes) -> tuple[str, int, int, str]:
-        kept, codec = _stored_form(b, compress)
+    def one_chunk(b: bytes, weights: bool = False) -> tuple[str, int, int, str]:
+        kept, codec = _stored_form(b, compress, weights)
         return _blake3(b), len(b), len(kept), codec
 
     def hash_file(e: Entry) -> None:
@@ -303,12 +334,13 @@ def build_index(root: Path, *, chunk_size: int = CHUNK, pack_size: int = PACK, s
             per_file[e.path] = [one_chunk(b[i:i + chunk_size]) for i in range(0, len(b), chunk_size)]
             return
         out = []
+        weights = e.path.endswith(WEIGHT_SUFFIXES)
         with open(root / e.path, "rb", buffering=0) as f:
             while True:
                 b = f.read(chunk_size)
                 if not b:
                     break
-                out.append(one_chunk(b))
+                out.append(one_chunk(b, weights))
         per_file[e.path] = out
 
     with ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as ex:
@@ -395,7 +427,7 @@ def _pack_pieces(root: Path, index: Index, p: Pack, src: dict[int, tuple[str, in
             if len(b) != c.size or _blake3(b) != c.digest:
                 raise ArtifactError(f"{root / path} changed while it was being pushed (chunk at {off})")
             if c.codec:
-                b = _encode(b)
+                b = _encode(b, c.codec)
                 if len(b) != c.stored:
                     raise ArtifactError(f"{root / path}: the chunk at {off} compressed to {len(b)} bytes, "
                                         f"{c.stored} when indexed (zstandard changed during the push?)")
