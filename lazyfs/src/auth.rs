@@ -44,7 +44,12 @@ pub fn answer(http: &ureq::Agent, challenge: &str, creds: Option<&Creds>, repo: 
     }
 }
 
-fn bearer(http: &ureq::Agent, p: &HashMap<String, String>, creds: Option<&Creds>, repo: &str) -> Result<String, String> {
+fn bearer(
+    http: &ureq::Agent,
+    p: &HashMap<String, String>,
+    creds: Option<&Creds>,
+    repo: &str,
+) -> Result<String, String> {
     let realm = p.get("realm").ok_or("the registry's Bearer challenge has no realm")?;
     let scope = p.get("scope").cloned().unwrap_or_else(|| format!("repository:{repo}:pull"));
     let mut req = http.get(realm).query("scope", &scope);

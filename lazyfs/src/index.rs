@@ -5,8 +5,9 @@
 //! a list of chunk indices; each chunk a BLAKE3 digest of its bytes, a size, a place (pack,
 //! offset) and how it is stored there (version 2: `stored` bytes, `codec` "" as is, "zstd" one
 //! zstd frame, or "zstd-bg2" one zstd frame of the chunk's even bytes then its odd bytes; version 1
-//! has neither: as is); each pack a registry blob. Everything is checked here, once, so the filesystem can index without
-//! bounds surprises: a malformed index is a startup error, never an EIO later.
+//! has neither: as is); each pack a registry blob. Everything is checked here, once, so the
+//! filesystem can index without bounds surprises: a malformed index is a startup error, never an
+//! EIO later.
 //!
 //! Inode numbers are stable: the root is 1, `entries[i]` is i + 2.
 
@@ -64,8 +65,8 @@ pub struct Chunk {
     pub hash: blake3::Hash, // of the chunk's bytes (decompressed)
     pub size: usize,
     pub pack: usize,
-    pub offset: u64,    // within the pack
-    pub stored: usize,  // bytes in the pack
+    pub offset: u64,   // within the pack
+    pub stored: usize, // bytes in the pack
     pub codec: Codec,
 }
 

@@ -97,7 +97,7 @@ pub struct Store {
     repo: String,
     auth: RwLock<Option<String>>,
     creds: Option<Creds>,
-    reauth: Mutex<()>, // one renewal at a time; the others then use its header
+    reauth: Mutex<()>,  // one renewal at a time; the others then use its header
     patience: Duration, // how long a waiter trusts someone else's fetch
     flights: Mutex<HashMap<u32, Arc<Flight>>>,
     memo: Mutex<VecDeque<(u32, Bytes)>>,

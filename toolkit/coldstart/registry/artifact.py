@@ -12,9 +12,9 @@ Layout in the registry (one OCI image manifest, artifactType ARTIFACT_TYPE):
 Chunks are CHUNK bytes of one file (the last one shorter) and content-addressed: identical chunks are
 stored once. A chunk is stored in its pack as a zstd frame when that saves at least a sixteenth of it
 (``codec`` "zstd", ``stored`` bytes in the pack; the dumped processes' memory compresses ~4x; a
-weights file's chunks may be byte-grouped first, GROUPED_CODEC), else as is: fewer bytes cross the link before a lazy restore's first token. Its
-digest is of its bytes, not of the frame. A chunk is verified (BLAKE3, after decompression) before
-any of its bytes are used; a pack as a whole is
+weights file's chunks may be byte-grouped first, GROUPED_CODEC), else as is: fewer bytes cross the
+link before a lazy restore's first token. Its digest is of its bytes, not of the frame. A chunk is
+verified (BLAKE3, after decompression) before any of its bytes are used; a pack as a whole is
 verified by the registry (sha256) at upload and by ``pull`` at download. Packs are deterministic
 for a given tree and profile, so a second push finds every blob present and uploads none. The
 registry's manifest size cap (4 MiB) is why chunks are not layers of their own.
