@@ -120,6 +120,31 @@ def test_second_push_uploads_no_blob(registry, tree):
     assert first.uploaded > 0 and again.uploaded == 0 and again.manifest_digest == first.manifest_digest
 
 
+def test_second_push_compresses_and_hashes_no_pack_again(registry, tree, monkeypatch):
+    ref = f"{registry.host}/t/again-quick:v1"
+    first = artifact.push(tree, ref, **SMALL)
+    packed = []
+    real = artifact._pack_pieces
+    monkeypatch.setattr(artifact, "_pack_pieces", lambda *a, **k: packed.append(1) or real(*a, **k))
+    again = artifact.push(tree, ref, **SMALL)
+    assert again.manifest_digest == first.manifest_digest and again.uploaded == 0 and not packed
+
+
+def test_frames_that_come_out_otherwise_are_made_anew(registry, tree, tmp_path, monkeypatch):
+    """Sizes known from an earlier push, packs to be made again, by a zstandard that compresses
+    otherwise (here: another level): the push notices, compresses anew, and pulls back bit-exact."""
+    first = f"{registry.host}/t/relevel-a:v1"
+    artifact.push(tree, first, **SMALL)
+    before = artifact.fetch_index(Registry(Ref.parse(first)))[0]
+    monkeypatch.setattr(artifact, "_previous_index", lambda reg: before)  # its sizes; its packs are not in this repo
+    monkeypatch.setattr(artifact, "ZSTD_LEVEL", 19)
+    said: list[str] = []
+    ref = f"{registry.host}/t/relevel-b:v1"
+    artifact.push(tree, ref, **SMALL, say=said.append)
+    assert any("compressing anew" in m for m in said)
+    same_tree(tree, artifact.pull(ref, tmp_path / "out").dir)
+
+
 def test_pull_by_digest(registry, tree, tmp_path):
     ref = f"{registry.host}/t/bydigest:v1"
     d = artifact.push(tree, ref, **SMALL).manifest_digest

@@ -61,6 +61,10 @@ class ArtifactError(ColdstartError):
     """The artifact is malformed, corrupt (a digest mismatch, naming the chunk) or not ours."""
 
 
+class _FrameChanged(ArtifactError):
+    """A chunk compressed to another size than the index says (another zstandard than when indexed)."""
+
+
 @dataclass
 class Chunk:
     digest: str  # "blake3:<hex>" of the chunk's bytes (decompressed)
@@ -305,12 +309,15 @@ def shipped_profile(root: Path) -> dict[str, bytes]:
 
 def build_index(root: Path, *, chunk_size: int = CHUNK, pack_size: int = PACK, say: Say = lambda s: None,
                 extra: dict[str, bytes] | None = None, ranges: list[tuple[str, int, int]] | None = None,
-                small_first: bool = True, compress: str = "zstd") -> Index:
+                small_first: bool = True, compress: str = "zstd",
+                known: dict[str, tuple[int, str]] | None = None) -> Index:
     """Chunk, hash (BLAKE3) and, with ``compress`` "zstd", compress every file, on threads (both
     release the GIL), then order the chunks: small files (``small_first``), the profile's ranges
     (``ranges``, default the tree's own profile), the rest; cut into packs. Only the compressed sizes
     are kept: the packs compress again as they are hashed and sent (pack_digests, push).
-    ``extra``: files published with the tree that are not in it (relative path -> bytes)."""
+    ``extra``: files published with the tree that are not in it (relative path -> bytes).
+    ``known``: chunk digest -> (stored, codec) from an index pushed before: those chunks are not
+    compressed again (a second push of a 6 GB venv is then hashing only)."""
     if compress not in CODECS:
         raise ArtifactError(f"compression must be one of {', '.join(CODECS)}, not {compress!r}")
     root = Path(root)
@@ -325,8 +332,11 @@ def build_index(root: Path, *, chunk_size: int = CHUNK, pack_size: int = PACK, s
     per_file: dict[str, list[tuple[str, int, int, str]]] = {}  # path -> (digest, size, stored, codec) per chunk
 
     def one_chunk(b: bytes, weights: bool = False) -> tuple[str, int, int, str]:
+        digest = _blake3(b)
+        if compress == "zstd" and known and digest in known:
+            return (digest, len(b), *known[digest])
         kept, codec = _stored_form(b, compress, weights)
-        return _blake3(b), len(b), len(kept), codec
+        return digest, len(b), len(kept), codec
 
     def hash_file(e: Entry) -> None:
         if e.path in extra:
@@ -429,7 +439,7 @@ def _pack_pieces(root: Path, index: Index, p: Pack, src: dict[int, tuple[str, in
             if c.codec:
                 b = _encode(b, c.codec)
                 if len(b) != c.stored:
-                    raise ArtifactError(f"{root / path}: the chunk at {off} compressed to {len(b)} bytes, "
+                    raise _FrameChanged(f"{root / path}: the chunk at {off} compressed to {len(b)} bytes, "
                                         f"{c.stored} when indexed (zstandard changed during the push?)")
             yield b
     finally:
@@ -444,10 +454,21 @@ def _thread_registry(local: threading.local, reg: Registry) -> Registry:
     return local.reg
 
 
-def pack_digests(root: Path, index: Index, threads: int = 2, extra: dict[str, bytes] | None = None) -> None:
+def _pack_key(index: Index, p: Pack) -> tuple:
+    """What a pack's bytes are made of: its chunks, in order, each as stored."""
+    return tuple((c.digest, c.stored, c.codec) for c in index.chunks[p.chunks[0]:p.chunks[1]])
+
+
+def pack_digests(root: Path, index: Index, threads: int = 2, extra: dict[str, bytes] | None = None,
+                 reuse: dict[tuple, str] | None = None) -> None:
+    """Each pack's sha256, computed from the tree; ``reuse``: pack key (_pack_key) -> the digest of a
+    pack of the same chunks, stored the same, that the registry already has (its bytes are those)."""
     src = _chunk_source(index)
 
     def one(p: Pack) -> None:
+        if reuse and (d := reuse.get(_pack_key(index, p))):
+            p.digest = d
+            return
         h = hashlib.sha256()
         for b in _pack_pieces(root, index, p, src, extra):
             h.update(b)
@@ -498,10 +519,26 @@ def push(root: Path, ref: str, *, chunk_size: int = CHUNK, pack_size: int = PACK
     r = Ref.parse(ref)
     reg = Registry(r)
     extra = shipped_profile(root) if profile else {}
-    index = build_index(root, chunk_size=chunk_size, pack_size=pack_size, say=say, extra=extra, ranges=ranges,
-                        small_first=small_first, compress=compress)
-    index.kind, index.prefix = kind, prefix
-    pack_digests(root, index, extra=extra)
+    # what this ref held before: its chunks' frames need not be made again to be sized, nor its packs
+    # (those the registry still has) to be hashed, when the tree has not changed
+    prev = _previous_index(reg) if compress == "zstd" else None
+    known = {c.digest: (c.stored, c.codec) for c in prev.chunks if c.codec} if prev else None
+    reuse = {_pack_key(prev, p): p.digest for p in prev.packs if reg.has_blob(p.digest)} if prev else None
+
+    def indexed(known, reuse) -> Index:
+        ix = build_index(root, chunk_size=chunk_size, pack_size=pack_size, say=say, extra=extra, ranges=ranges,
+                         small_first=small_first, compress=compress, known=known)
+        ix.kind, ix.prefix = kind, prefix
+        pack_digests(root, ix, extra=extra, reuse=reuse)
+        return ix
+
+    try:
+        index = indexed(known, reuse)
+    except _FrameChanged:
+        if not known:
+            raise
+        say("this zstandard compresses differently from the one that pushed the ref before: compressing anew")
+        index = indexed(None, None)
     index_blob = index.to_bytes()
     src = _chunk_source(index)
     blobs: list[tuple[str, int, object]] = [(sha256_digest(EMPTY), len(EMPTY), EMPTY),
@@ -528,6 +565,14 @@ def push(root: Path, ref: str, *, chunk_size: int = CHUNK, pack_size: int = PACK
     digest = reg.put_manifest(manifest_for(index_blob, index))
     return PushResult(str(r), digest, len(blobs), uploaded[0], up_bytes[0], index.bytes,
                       round(time.monotonic() - t0, 3))
+
+
+def _previous_index(reg: Registry) -> Index | None:
+    """The index the ref names now, if any and readable (a first push has none)."""
+    try:
+        return fetch_index(reg)[0]
+    except (RegistryError, ArtifactError):
+        return None
 
 
 def _index_dict(raw: bytes) -> dict:
