@@ -168,6 +168,19 @@ def _nydus_image(snap: Path, ref: str, out: Path, rows: list[dict], size: str, r
     return img.bootstrap_digest
 
 
+def _artifact_sizes(ref: str) -> dict:
+    """The pushed artifact's sizes, from its index: packs (what the registry stores), files, and the
+    profiled chunks (what a lazy restore prefetches first), stored and as the files' bytes."""
+    from coldstart.registry import artifact
+    from coldstart.registry.distribution import Ref, Registry
+
+    index, _, _ = artifact.fetch_index(Registry(Ref.parse(ref)))
+    first = index.chunks[:index.profiled]
+    return {"bytes": index.bytes, "file_bytes": sum(e.size for e in index.entries), "chunks": len(index.chunks),
+            "packs": len(index.packs), "profiled_bytes": sum(c.stored for c in first),
+            "profiled_file_bytes": sum(c.size for c in first)}
+
+
 def run_bench(cases: list[tuple[str, Path]], rates: list[float], reps: int, work: Path, say: Say,
               methods: tuple[str, ...] = METHODS, runtime: Path | None = None) -> list[dict]:
     """``cases``: (size, local snapshot dir). One registry per rate, in its own namespace behind the
@@ -176,7 +189,6 @@ def run_bench(cases: list[tuple[str, Path]], rates: list[float], reps: int, work
     emulated node then has neither the snapshot nor the runtime (see one_start)."""
     from coldstart.registry import artifact, link, server
     from coldstart.registry.cli import runtime_ranges_of
-    from coldstart.registry.distribution import Ref, Registry
 
     rows: list[dict] = []
     store = work / "registry"
@@ -194,25 +206,16 @@ def run_bench(cases: list[tuple[str, Path]], rates: list[float], reps: int, work
                         tag = "" if comp == "zstd" else "-raw"
                         ref = f"http://{L.addr}:5000/snapshots/{size}{tag}:bench"
                         pr = artifact.push(snap, ref, compress=comp)
-                        index, _, _ = artifact.fetch_index(Registry(Ref.parse(ref)))
                         rows.append({"size": size, "rate_gbit": rate, "method": "artifact" + tag, "compress": comp,
-                                     "bytes": index.bytes, "file_bytes": sum(e.size for e in index.entries),
-                                     "chunks": len(index.chunks), "packs": len(index.packs),
-                                     "profiled_bytes": sum(c.stored for c in index.chunks[:index.profiled]),
-                                     "profiled_file_bytes": sum(c.size for c in index.chunks[:index.profiled]),
-                                     "push_s": pr.seconds})
+                                     **_artifact_sizes(ref), "push_s": pr.seconds})
                         say(json.dumps(rows[-1]))
                         rt_ref = ""
                         if runtime is not None:
                             rt_ref = f"http://{L.addr}:5000/runtimes/{size}{tag}:bench"
                             pr = artifact.push_runtime(runtime, rt_ref, runtime_ranges_of(runtime, snap), compress=comp)
-                            index, _, _ = artifact.fetch_index(Registry(Ref.parse(rt_ref)))
                             rows.append({"size": size, "rate_gbit": rate, "method": "runtime-artifact" + tag,
-                                         "compress": comp, "bytes": index.bytes,
-                                         "file_bytes": sum(e.size for e in index.entries), "chunks": len(index.chunks),
-                                         "profiled_bytes": sum(c.stored for c in index.chunks[:index.profiled]),
-                                         "profiled_file_bytes": sum(c.size for c in index.chunks[:index.profiled]),
-                                         "push_s": pr.seconds, "uploaded_bytes": pr.uploaded_bytes})
+                                         "compress": comp, **_artifact_sizes(rt_ref), "push_s": pr.seconds,
+                                         "uploaded_bytes": pr.uploaded_bytes})
                             say(json.dumps(rows[-1]))
                         refs[comp] = (ref, rt_ref)
                     ref, rt_ref = refs["zstd"]

@@ -666,13 +666,13 @@ def _materialize(index: Index, reg: Registry, stage: Path, threads: int, say: Sa
             buf += piece
             while ci < p.chunks[1] and len(buf) >= index.chunks[ci].stored:
                 c = index.chunks[ci]
-                data = bytes(buf[:c.stored])
-                del buf[:c.stored]
                 try:
-                    data = _decode(data, c)
+                    data = _decode(bytes(buf[:c.stored]), c)  # (a frame decodes to exactly c.size or raises)
+                    good = len(data) == c.size and _blake3(data) == c.digest
                 except ArtifactError:
-                    data = b""
-                if len(data) != c.size or _blake3(data) != c.digest:
+                    good = False
+                del buf[:c.stored]
+                if not good:
                     raise ArtifactError(f"{reg.ref}: chunk {ci} ({c.digest[:23]}) of pack {p.digest[:19]} is corrupt")
                 for e, off in locs.get(ci, ()):  # (opened per write: a venv has 63 k files, over any fd limit)
                     fd = os.open(stage / e.path, os.O_WRONLY)

@@ -6,8 +6,9 @@ digest validation and prefetch. The one owner of those two programs' command lin
 Not part of `make setup`: nydus-rs builds for ~25 minutes on 2 cores. `scripts/setup-nydus`
 builds it once (`cargo install nydus-rs --locked`) into $COLDSTART_CACHE/nydus/<version>/bin.
 Settings chosen to match ours where nydus allows: zstd-compressed chunks (ours are, by default;
-``compressor="none"`` against an uncompressed push), 1 MiB chunks (ours), prefetch of the files in the order the node's access profile first touched
-them (`--prefetch-policy fs`), all of the rest after. RAFS v6 (nydus's default format) does not
+``compressor="none"`` against an uncompressed push), 1 MiB chunks (ours), prefetch of the files in
+the order the node's access profile first touched them (`--prefetch-policy fs`), all of the rest
+after. RAFS v6 (nydus's default format) does not
 validate chunk digests on read, so nydusd runs without the check our mount makes on every chunk.
 """
 from __future__ import annotations
