@@ -123,11 +123,16 @@ def test_second_push_uploads_no_blob(registry, tree):
 def test_second_push_compresses_and_hashes_no_pack_again(registry, tree, monkeypatch):
     ref = f"{registry.host}/t/again-quick:v1"
     first = artifact.push(tree, ref, **SMALL)
-    packed = []
-    real = artifact._pack_pieces
+    packed, encoded, asked = [], [], []
+    real, real_encode, real_has = artifact._pack_pieces, artifact._encode, Registry.has_blob
     monkeypatch.setattr(artifact, "_pack_pieces", lambda *a, **k: packed.append(1) or real(*a, **k))
+    monkeypatch.setattr(artifact, "_encode", lambda *a, **k: encoded.append(1) or real_encode(*a, **k))
+    monkeypatch.setattr(Registry, "has_blob", lambda self, d: asked.append(d) or real_has(self, d))
     again = artifact.push(tree, ref, **SMALL)
     assert again.manifest_digest == first.manifest_digest and again.uploaded == 0 and not packed
+    # not even the chunks stored as is (big.bin's random bytes) are tried again; each blob asked for once
+    assert not encoded
+    assert len(asked) == len(set(asked)) == again.blobs
 
 
 def test_frames_that_come_out_otherwise_are_made_anew(registry, tree, tmp_path, monkeypatch):

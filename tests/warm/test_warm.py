@@ -179,6 +179,33 @@ def test_gated_readers_read_nothing_until_the_gate_opens(warm_dir):
     assert stats.finished and stats.cancelled and closed.issued() == []
 
 
+@pytest.mark.parametrize("io_class, expected", [(None, "IOPRIO_CLASS_IDLE"), ("be", "IOPRIO_CLASS_NONE")])
+def test_readers_yield_the_disk_to_everyone_else(warm_dir, io_class, expected, monkeypatch):
+    """Warming is prefetch: its readers run in the idle I/O class unless told otherwise, so that the
+    restore's own reads go first (warm.base.background_io); the process's other threads keep theirs."""
+    import threading
+
+    import psutil
+
+    monkeypatch.delenv("COLDSTART_WARM_IOPRIO", raising=False)
+    gate = threading.Event()
+    w = make_warmer([warm_dir / "criu"], mode="native", gate=gate, **({"io_class": io_class} if io_class else {}))
+    w.start()
+    try:
+        tids = [t.native_id for t in w.workers]
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # each reader sets its class as it starts
+            classes = {psutil.Process(t).ionice().ioclass.name for t in tids}
+            if classes == {expected}:
+                break
+            time.sleep(0.01)
+        assert classes == {expected}
+        assert psutil.Process().ionice().ioclass.name == "IOPRIO_CLASS_NONE"
+    finally:
+        w.cancel()
+        w.wait(timeout=10)
+
+
 @retry_on_external_drop
 def test_missing_or_unreadable_file_is_an_error_not_a_stop(warm_dir, tmp_path):
     good = warm_dir / "criu" / "pages-1.img"
@@ -265,6 +292,29 @@ def test_profile_recorded_on_one_run_is_used_by_the_next(warm_dir):
     for f in files:
         assert_fully_resident(f)
     os.unlink(prof_path)
+
+
+@retry_on_external_drop
+def test_profile_leaves_out_what_the_digest_check_reads(warm_dir):
+    """The first restore on a node checks every file's digests while it records the profile: from
+    the moment the check begins a file (``others``), that file's page-cache signal is the check's,
+    not the restore's. The restore's own reads before that still count, and so do other files'."""
+    weights = warm_dir / "weights.flat"
+    pages = warm_dir / "criu" / "pages-1.img"
+    _evict_all([weights, pages])
+    checking: list[Path] = []
+    rec = ProfileRecorder([pages, weights], root=warm_dir, interval=0.01, others=checking).start()
+    _read(weights, 0, 2 * MiB)  # the restore's, before the check reached the file
+    rec.sync()
+    checking.append(weights)
+    rec.sync()
+    _read(weights, 64 * MiB, 8 * MiB)  # the check's
+    _read(pages, 16 * MiB, 2 * MiB)  # the restore's, in a file the check has not begun
+    rec.sync()
+    prof = rec.stop()
+    got = {(r.file, r.offset) for r in prof.ranges}
+    assert ("weights.flat", 0) in got and ("criu/pages-1.img", 16 * MiB) in got
+    assert not any(r.file == "weights.flat" and r.offset >= 64 * MiB for r in prof.ranges)
 
 
 _TOUCHER = r"""

@@ -66,11 +66,11 @@ def summary(ctr, deadline: float) -> dict:
 
 
 def one_start(c, image: str, method: str, model: Path, snap: Path, layers: list[Path] | None = None,
-              host_warm: dict | None = None) -> dict:
+              host_warm: dict | None = None, env: dict[str, str] | None = None) -> dict:
     """One container start, timed from the docker-py create call (COLDSTART_T0, passed in) to the first
     completion through the published port. ``method``: naive | restore | restore+hostwarm (``layers``:
     the image's layer dirs, docker_api.image_layers, looked up before the clock starts; ``host_warm``:
-    run.HostWarm's shape, its defaults when None)."""
+    run.HostWarm's shape, its defaults when None; ``env``: more of the restore container's environment)."""
     from coldstart.containers import run
     from coldstart.engine.launcher import free_port
     from coldstart.bench.warm import block_device, device_read_bytes
@@ -83,7 +83,7 @@ def one_start(c, image: str, method: str, model: Path, snap: Path, layers: list[
     if method == "naive":
         ctr = run.create_naive(c, image, model, port)
     else:
-        ctr = run.create_restore(c, image, snap, model, port, env={"COLDSTART_T0": repr(wall0)},
+        ctr = run.create_restore(c, image, snap, model, port, env={**(env or {}), "COLDSTART_T0": repr(wall0)},
                                  host_warms=warmer is not None)
     row: dict = {"created_s": round(time.monotonic() - t0, 3)}
     try:

@@ -158,16 +158,17 @@ class HostWarm:
     rather than maps too (ELF heads, page runs: +86 MB); off, no gain measured (bench-earlycriu).
     ``bulk``: "profile" (the default: the profile's ranges, then the weights) or "weights" (the
     weights file only; slower: it delayed the entrypoint's start by a second, bench-early-weights).
-    ``threads``, ``chunk``, ``method``: the native warmer's readers, chunk in flight and read method
-    (``pread``, its default, or ``populate``: no copy to user space, CPU the restore needs on a small
-    host). ``criu_runs``: also ask, at the create call, for what CRIU
+    ``threads``, ``chunk``, ``method``, ``io_class``: the native warmer's readers, chunk in flight,
+    read method (``pread``, its default, or ``populate``: no copy to user space, CPU the restore
+    needs on a small host) and I/O class (its default "idle": the bulk reads yield to the restore's
+    own; the early reads stay in the normal class: they are what the restore waits for). ``criu_runs``: also ask, at the create call, for what CRIU
     itself reads before the restored tree runs (pipeline.restore.ReadAhead: the heads of the image's
     ELF files it checks, ~100 MiB of page runs); off by default: it gained nothing there
     (bench-criu-runs), the entrypoint's own read-ahead asks for the same at its restore call."""
 
     def __init__(self, snapshot: Path, layers: list[Path] | None = None, *, after_start: bool = True,
                  threads: int | None = None, chunk: int | None = None, method: str | None = None,
-                 criu_runs: bool = False,
+                 io_class: str | None = None, criu_runs: bool = False,
                  early: bool = True, early_criu: bool = False, bulk: str = "profile"):
         self.ahead = None
         remap = None
@@ -181,7 +182,8 @@ class HostWarm:
         self._started = threading.Event() if after_start else None
         self._early_done = threading.Event() if early else None
         self.gate = threading.Event() if (after_start or early) else None
-        self._shape = {k: v for k, v in (("threads", threads), ("chunk", chunk), ("method", method)) if v}
+        self._shape = {k: v for k, v in (("threads", threads), ("chunk", chunk), ("method", method),
+                                         ("io_class", io_class)) if v}
         self.stats: WarmStats | None = None
         self.early: dict | None = None
         self.error: str | None = None

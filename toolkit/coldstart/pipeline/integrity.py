@@ -22,6 +22,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import xxhash
 
@@ -151,10 +152,11 @@ class NodeRecord:
 
 
 def verify(snapshot_dir: Path, files: dict, mode: str = "auto", threads: int = 2,
-           record: NodeRecord | None = None) -> dict:
+           record: NodeRecord | None = None, on_file: Callable[[Path], None] | None = None) -> dict:
     """Check the files of a snapshot (``files``: rel -> FileEntry with ``chunks``) against their
     digests. ``mode`` auto: skip files this node has verified unchanged; full: check every file;
-    off: nothing. Raises IntegrityError on the first bad file.
+    off: nothing. Raises IntegrityError on the first bad file. ``on_file(path)``: called before a
+    file is read (a profile recorder must not take the check's reads for the restore's).
     Returns {"checked": n, "skipped": n, "bytes": n} for the timeline."""
     if mode not in VERIFY_MODES:
         raise ColdstartError(f"unknown verify mode {mode!r} (expected one of {', '.join(VERIFY_MODES)})")
@@ -171,6 +173,8 @@ def verify(snapshot_dir: Path, files: dict, mode: str = "auto", threads: int = 2
         if mode == "auto" and record.has(path, fe.xxh3, chunks):
             stats["skipped"] += 1
             continue
+        if on_file is not None:
+            on_file(path)
         check_file(path, rel, fe.size, chunks, threads=threads)
         record.add(path, fe.xxh3, chunks)
         stats["checked"] += 1

@@ -335,7 +335,7 @@ class _BackgroundWarm:
     never delays the restore itself; WARM_START is marked when it really starts."""
 
     def __init__(self, paths: list[Path], tl: Timeline, opts: "RestoreOptions | None" = None, remap=None,
-                 old_pids: set[int] | None = None):
+                 old_pids: set[int] | None = None, others: list[Path] | None = None):
         import threading
 
         self.warmer = None
@@ -359,6 +359,8 @@ class _BackgroundWarm:
             kw["remap"] = remap
         if old_pids is not None:
             kw["old_pids"] = old_pids
+        if others is not None:
+            kw["others"] = others
         # WARM_AFTER_CRIU_ENV=1: the native warmer's reads wait for CRIU's restore (criu_done). Its
         # restorer reads small page runs one after another, each waiting behind the warmer's queue:
         # CRIU's restore takes 1.1-1.4 s instead of 2.5-2.9, but the restored server's own faults
@@ -463,14 +465,16 @@ def warm_paths(snap: Path, m: Manifest) -> list[Path]:
 
 
 def _start_warming(snap: Path, m: Manifest, tl: Timeline, opts: "RestoreOptions | None" = None,
-                   remap=None, old_pids: set[int] | None = None) -> _BackgroundWarm | None:
+                   remap=None, old_pids: set[int] | None = None,
+                   others: list[Path] | None = None) -> _BackgroundWarm | None:
     """Background page-cache warming of the pages images, then the weights file (warm stage); with a
     recorded profile, its order, and the ranges of the libraries the restored server maps (``remap``:
     where those are seen from here, e.g. in a runtime mounted elsewhere). ``old_pids``: the
-    processes alive before CRIU started (a recording watches the others: the restored tree)."""
+    processes alive before CRIU started (a recording watches the others: the restored tree).
+    ``others``: the files the digest check has begun to read (_Checks.reading)."""
     if importlib.util.find_spec("coldstart.warm") is None:
         return None
-    return _BackgroundWarm(warm_paths(snap, m), tl, opts, remap, old_pids)
+    return _BackgroundWarm(warm_paths(snap, m), tl, opts, remap, old_pids, others)
 
 
 def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say, rt: Runtime | None = None,
@@ -487,7 +491,8 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say, r
         ahead = ReadAhead(snap / "criu") if mmap and os.environ.get(READ_AHEAD_ENV, "1") != "0" else None
         checks = _start_verify(snap, m, opts, tl)
         try:
-            warmer = (_start_warming(snap, m, tl, opts, rt.remap if rt is not None else None, old_pids)
+            warmer = (_start_warming(snap, m, tl, opts, rt.remap if rt is not None else None, old_pids,
+                                     others=checks.reading)
                       if opts.warm and opts.warm_mode != "off" else None)
             if warmer is not None:
                 undo.callback(warmer.cancel)
@@ -577,13 +582,14 @@ class _Checks:
         self.seconds = 0.0
         self._error: BaseException | None = None
         self._stats = {"checked": 0, "skipped": 0, "bytes": 0}
+        self.reading: list[Path] = []  # the files it has begun to read (a profile recording heeds them)
         self._t = threading.Thread(target=self._run, name="coldstart-verify", daemon=True)
         self._t.start()
 
     def _run(self) -> None:
         try:
             for files in self._groups:
-                st = integrity.verify(self.snap, files, self.mode)
+                st = integrity.verify(self.snap, files, self.mode, on_file=self.reading.append)
                 for k in self._stats:
                     self._stats[k] += st.get(k, 0)
         except BaseException as e:  # noqa: BLE001 - reported by join()

@@ -174,6 +174,7 @@ class Index:
     version: int = INDEX_VERSION
     kind: str = "coldstart.tree"  # or RUNTIME_KIND
     prefix: str = ""  # a runtime: the absolute path its server was checkpointed with it at (where it is mounted)
+    compress: str = ""  # what push asked for ("zstd", "none"; "" in indexes from before it was recorded)
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True).encode()
@@ -186,7 +187,7 @@ class Index:
                        chunks=[Chunk(**{"stored": c.get("size", 0), **c}) for c in d["chunks"]],
                        packs=[Pack(p["digest"], int(p["size"]), tuple(p["chunks"])) for p in d["packs"]],
                        profiled=int(d.get("profiled", 0)), version=d["version"], kind=str(d.get("kind", "")),
-                       prefix=str(d.get("prefix", "")))
+                       prefix=str(d.get("prefix", "")), compress=str(d.get("compress", "")))
         except (ValueError, KeyError, TypeError) as e:
             raise ArtifactError(f"malformed artifact index ({type(e).__name__}: {e})") from None
 
@@ -316,8 +317,8 @@ def build_index(root: Path, *, chunk_size: int = CHUNK, pack_size: int = PACK, s
     (``ranges``, default the tree's own profile), the rest; cut into packs. Only the compressed sizes
     are kept: the packs compress again as they are hashed and sent (pack_digests, push).
     ``extra``: files published with the tree that are not in it (relative path -> bytes).
-    ``known``: chunk digest -> (stored, codec) from an index pushed before: those chunks are not
-    compressed again (a second push of a 6 GB venv is then hashing only)."""
+    ``known``: chunk digest -> (stored, codec) from an index pushed before (previous_frames): those
+    chunks are not compressed again (a second push of a 6 GB venv is then hashing only)."""
     if compress not in CODECS:
         raise ArtifactError(f"compression must be one of {', '.join(CODECS)}, not {compress!r}")
     root = Path(root)
@@ -401,7 +402,8 @@ def build_index(root: Path, *, chunk_size: int = CHUNK, pack_size: int = PACK, s
         if fill >= pack_size or i == len(chunks) - 1:
             packs.append(Pack("", fill, (start, i + 1)))
             start, fill = i + 1, 0
-    return Index(chunk_size=chunk_size, entries=entries, chunks=chunks, packs=packs, profiled=profiled)
+    return Index(chunk_size=chunk_size, entries=entries, chunks=chunks, packs=packs, profiled=profiled,
+                 compress=compress)
 
 
 def _chunk_source(index: Index) -> dict[int, tuple[str, int]]:
@@ -522,8 +524,9 @@ def push(root: Path, ref: str, *, chunk_size: int = CHUNK, pack_size: int = PACK
     # what this ref held before: its chunks' frames need not be made again to be sized, nor its packs
     # (those the registry still has) to be hashed, when the tree has not changed
     prev = _previous_index(reg) if compress == "zstd" else None
-    known = {c.digest: (c.stored, c.codec) for c in prev.chunks if c.codec} if prev else None
-    reuse = {_pack_key(prev, p): p.digest for p in prev.packs if reg.has_blob(p.digest)} if prev else None
+    known = previous_frames(prev) if prev else None
+    present = {p.digest for p in prev.packs if reg.has_blob(p.digest)} if prev else set()
+    reuse = {_pack_key(prev, p): p.digest for p in prev.packs if p.digest in present} if prev else None
 
     def indexed(known, reuse) -> Index:
         ix = build_index(root, chunk_size=chunk_size, pack_size=pack_size, say=say, extra=extra, ranges=ranges,
@@ -551,7 +554,7 @@ def push(root: Path, ref: str, *, chunk_size: int = CHUNK, pack_size: int = PACK
     def one(b: tuple[str, int, object]) -> None:
         digest, size, body = b
         rg = _thread_registry(local, reg)
-        if rg.has_blob(digest):
+        if digest in present or rg.has_blob(digest):  # (present: asked just before, for reuse)
             return
         data = body if isinstance(body, bytes) else _pack_pieces(root, index, body, src, extra)
         rg.push_blob(data, digest, size)
@@ -565,6 +568,13 @@ def push(root: Path, ref: str, *, chunk_size: int = CHUNK, pack_size: int = PACK
     digest = reg.put_manifest(manifest_for(index_blob, index))
     return PushResult(str(r), digest, len(blobs), uploaded[0], up_bytes[0], index.bytes,
                       round(time.monotonic() - t0, 3))
+
+
+def previous_frames(prev: Index) -> dict[str, tuple[int, str]]:
+    """chunk digest -> (stored, codec) as ``prev`` stored it: what build_index need not compress
+    again. Its chunks stored as is too when ``prev`` was pushed compressed (zstd saved too little on
+    them: random or already compressed bytes), not when it was pushed as is or did not record how."""
+    return {c.digest: (c.stored, c.codec) for c in prev.chunks if c.codec or prev.compress == "zstd"}
 
 
 def _previous_index(reg: Registry) -> Index | None:

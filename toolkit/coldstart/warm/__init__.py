@@ -78,7 +78,8 @@ def snapshot_id(root: Path) -> str:
 def start_warming(paths: list[Path] | list[str], *, mode: str | None = None, profile: Path | None | str = "auto",
                   order: list[Path] | None = None, threads: int | None = None, progress=None,
                   record: bool | str | None = None, mapped: bool = True, rest: str = "now",
-                  remap=None, old_pids: set[int] | None = None, **kw) -> Warmer:
+                  remap=None, old_pids: set[int] | None = None, others: list[Path] | None = None,
+                  **kw) -> Warmer:
     """Start warming ``paths`` (files or directories) in the background and return at once.
 
     Order: ``profile`` ranges first, then ``order``'s files, then small files, CRIU
@@ -93,7 +94,8 @@ def start_warming(paths: list[Path] | list[str], *, mode: str | None = None, pro
     "after" ``release()`` (the restore calls it at first token) or "never". ``remap`` (native mode):
     where the profile's absolute-path files are seen from here (a container's files seen from the
     host, through the image's layers). ``old_pids``: processes alive before the restore began (the
-    recorder watches the others: the restored tree). Never raises for a bad file or profile: errors land in
+    recorder watches the others: the restored tree). ``others``: files another reader reads whole
+    from when they are appended (ProfileRecorder). Never raises for a bad file or profile: errors land in
     ``wait().errors``."""
     from coldstart.warm import snapshot as snapmod
 
@@ -139,5 +141,6 @@ def start_warming(paths: list[Path] | list[str], *, mode: str | None = None, pro
         record = {"force": True, "on": True, "off": False}.get(record)  # "auto" -> None
     if root is not None and (record if record is not None else snapmod.should_record(root, profile)):
         return snapmod.RecordingWarmer(w, root, [p for p in expand_paths(list(paths)) if p.is_file()],
-                                        snapshot_id=sid, track_mapped=mapped, old_pids=old_pids).start()
+                                        snapshot_id=sid, track_mapped=mapped, old_pids=old_pids,
+                                        others=others).start()
     return w.start()

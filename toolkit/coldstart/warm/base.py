@@ -355,3 +355,30 @@ def background_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, 0, 19)
     except OSError:
         pass
+
+
+IO_CLASSES = ("idle", "be")
+
+
+def io_class(default: str = "idle") -> str:
+    """The I/O class warming reads run in: $COLDSTART_WARM_IOPRIO (idle | be), else ``default``."""
+    c = os.environ.get("COLDSTART_WARM_IOPRIO", default)
+    return c if c in IO_CLASSES else default
+
+
+def background_io(cls: str = "idle") -> bool:
+    """Put the calling thread's reads (and those of the processes it starts) in the idle I/O class
+    (``cls`` "idle"; "be" leaves them as they are): a scheduler that honours classes (mq-deadline,
+    bfq) dispatches everyone else's reads first. Warming is prefetch and must not delay the reads
+    it is there to serve: with mq-deadline on a disk marked rotational, a restore's 4 KiB read
+    waited up to its 500 ms read_expire behind 8 x 8 MiB of warming sorted by sector. Changes
+    nothing where the scheduler ignores classes (none, the usual NVMe setting). False: refused."""
+    if cls != "idle":
+        return False
+    import psutil
+
+    try:
+        psutil.Process(threading.get_native_id()).ionice(psutil.IOPRIO_CLASS_IDLE)
+        return True
+    except (OSError, psutil.Error):
+        return False

@@ -12,6 +12,9 @@ Two methods:
   a chunk whose residency stops growing (advice clamped or dropped) is read with pread instead.
 
 Cancellation is checked between chunks, so readers stop within one chunk (default 8 MiB).
+
+Readers run in the idle I/O class (``io_class``; warm.base.background_io): warming is prefetch, and
+the restore's own reads, which it is racing to serve, go first where the scheduler can tell.
 """
 from __future__ import annotations
 
@@ -22,7 +25,8 @@ import time
 from collections import deque
 from pathlib import Path
 
-from coldstart.warm.base import MiB, BaseWarmer, ProgressFn, Range, WarmStats
+from coldstart.warm.base import MiB, BaseWarmer, ProgressFn, Range, WarmStats, background_io
+from coldstart.warm.base import io_class as default_io_class
 from coldstart.warm.residency import PAGE, _mincore_fd, populate_fd
 
 DEFAULT_CHUNK = 8 * MiB  # = read_ahead_kb here; large enough for full-size device requests
@@ -36,12 +40,14 @@ class NativeWarmer(BaseWarmer):
                  chunk: int = DEFAULT_CHUNK, method: str = "pread", max_inflight: int | None = None,
                  profile: Path | None = None, order: list[Path] | None = None,
                  progress: ProgressFn | None = None, profile_only: list[Path] | None = None,
-                 rest: str = "now", remap=None, gate: threading.Event | None = None):
+                 rest: str = "now", remap=None, gate: threading.Event | None = None,
+                 io_class: str | None = None):
         if method not in ("pread", "willneed", "populate"):
             raise ValueError(f"unknown native warming method {method!r} (pread|willneed|populate)")
         super().__init__(paths, chunk=chunk, profile=profile, order=order, progress=progress,
                          profile_only=profile_only, rest=rest, remap=remap, gate=gate)
         self.method = method
+        self.io_class = io_class or default_io_class()
         self.chunk = chunk
         self.max_inflight = max_inflight or threads * chunk
         # bounded in-flight: never more reader threads than chunks allowed in flight
@@ -61,7 +67,12 @@ class NativeWarmer(BaseWarmer):
             except OSError as e:
                 self._error(p, f"{p}: cannot open for warming: {e.strerror or e}")
                 self._failed.add(p)
-        target = {"pread": self._run_pread, "willneed": self._run_willneed, "populate": self._run_populate}[self.method]
+        run = {"pread": self._run_pread, "willneed": self._run_willneed, "populate": self._run_populate}[self.method]
+
+        def target() -> None:
+            background_io(self.io_class)
+            run()
+
         self._workers = [threading.Thread(target=target, name=f"coldstart-warm-{i}", daemon=True)
                          for i in range(self.threads)]
         for t in self._workers:

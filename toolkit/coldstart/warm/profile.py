@@ -149,13 +149,18 @@ class ProfileRecorder:
     """Records which ranges of ``paths`` a restore needs first, and when.
 
     ``warmer``: the warmer running concurrently (its issued ranges are not demand, see above).
+    ``others``: files another reader reads whole from the moment they are appended to this list
+    (the restore's digest check, on a new node: the restore that records): their page-cache signal
+    from then on is not demand either. Unheeded, the check's reads put the 1.3 GB weights file of
+    the bench model before the restored tree's own pages in the profile, and the next replica's
+    warming read it first.
     ``pids``: processes whose page tables to watch; None = any process started after ``start()``
     that maps the files (the restored tree)."""
 
     def __init__(self, paths: list[Path] | list[str], *, root: Path | None = None, interval: float = 0.02,
                  warmer=None, pids: list[int] | None = None, snapshot_id: str = "",
                  use_pagemap: bool = True, track_mapped: bool = False, trim: bool = True,
-                 old_pids: set[int] | None = None):
+                 old_pids: set[int] | None = None, others: list[Path] | None = None):
         self.paths = [p for p in expand_paths(list(paths)) if p.is_file()]
         self.root = Path(root).absolute() if root else Path(os.path.commonpath([str(p.parent) for p in self.paths])) if self.paths else Path.cwd()
         self.interval = interval
@@ -184,6 +189,8 @@ class ProfileRecorder:
         self._recorded: dict[Path, np.ndarray] = {}  # pages already in the profile (either signal)
         self._issued_mask: dict[Path, np.ndarray] = {}
         self._issued_n = 0
+        self._others = others if others is not None else []
+        self._others_n = 0
         self._ranges: list[ProfileRange] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -326,6 +333,11 @@ class ProfileRecorder:
         return out
 
     def _update_issued(self) -> None:
+        others = self._others[self._others_n:]  # (appended from another thread: take a copy once)
+        self._others_n += len(others)
+        for p in map(lambda q: Path(q).absolute(), others):
+            if p in self.sizes:
+                self._issued_mask[p] = np.ones(self._npages(p), dtype=bool)
         if self.warmer is None:
             return
         issued = self.warmer.issued()

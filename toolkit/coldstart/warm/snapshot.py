@@ -81,12 +81,12 @@ class RecordingWarmer:
     """A warmer plus a profile recorder; same interface as the warmer it wraps."""
 
     def __init__(self, warmer, root: Path, paths: list[Path], snapshot_id: str = "", track_mapped: bool = True,
-                 old_pids: set[int] | None = None):
+                 old_pids: set[int] | None = None, others: list[Path] | None = None):
         self.inner = warmer
         self.mode = warmer.mode
         self.root = root
         self.recorder = ProfileRecorder(paths, root=root, warmer=warmer, interval=0.05, snapshot_id=snapshot_id,
-                                        track_mapped=track_mapped, old_pids=old_pids)
+                                        track_mapped=track_mapped, old_pids=old_pids, others=others)
         self.profile_path: Path | None = None
         self._ended = threading.Lock()
         self._over = False

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from coldstart.errors import ColdstartError
-from coldstart.warm.base import MiB, BaseWarmer, ProgressFn, Range, WarmStats
+from coldstart.warm.base import MiB, BaseWarmer, ProgressFn, Range, WarmStats, background_io, io_class
 
 DEFAULT_PROCS = 8
 DEFAULT_SPLIT = 256 * MiB  # one process per 256 MiB of a big file
@@ -53,6 +53,7 @@ class VmtouchWarmer(BaseWarmer):
         return self
 
     def _run(self) -> None:
+        background_io(io_class())  # inherited by the vmtouch processes this thread starts
         pending = list(self.plan.ranges)
         pending.reverse()  # pop() from the end = plan order
         failed: set[Path] = set()
