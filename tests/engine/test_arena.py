@@ -63,6 +63,26 @@ def test_arena_map_release_roundtrip(tmp_path: Path):
     assert not file_mapped(tmp_path / "flat" / "weights.flat")
 
 
+def test_map_with_populate_in_the_background(tmp_path: Path):
+    """populate="background": map_file returns with its threads still faulting the file in; a
+    tensor asked for first (populate_tensor) is there at once, and the weights are the file's."""
+    m = Tiny()
+    before = _snapshot(m)
+    arena = WeightArena.build(model_tensor_objects(m))
+    dump_tensors(model_tensors(m).items(), tmp_path / "flat")
+    arena.release()
+    st = arena.map_file(read_index(tmp_path / "flat"), threads=2, populate="background")
+    arena.populate_tensor(m.odd.weight)
+    arena.populate_tensor(torch.zeros(3))  # outside the arena: nothing to do
+    assert arena.wait_populated() > 0 and arena.wait_populated() == 0  # joined once
+    assert st["copied_tensors"] == 2
+    for n, t in model_tensors(m).items():
+        assert torch.equal(t, before[n]), n
+    with pytest.raises(ValueError, match="populate"):
+        arena.map_file(read_index(tmp_path / "flat"), populate="later")
+    arena.release()
+
+
 def test_arena_refuses_other_layout(tmp_path: Path):
     m = Tiny()
     arena = WeightArena.build(model_tensor_objects(m))

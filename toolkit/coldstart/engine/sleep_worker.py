@@ -169,7 +169,7 @@ def prepack_threads() -> int:
     return max(1, min(8, len(online_cpus())))
 
 
-def prepack_linears(threads: int | None = None) -> tuple[int, float, int]:
+def prepack_linears(threads: int | None = None, touch=None) -> tuple[int, float, int]:
     """vLLM's prepacked GEMM handle for every linear layer, from its weight as it is now (vLLM's
     dispatch with remove_weight=False: the tensor stays, for the next sleep and reload). Returns
     (layers, seconds, threads used).
@@ -177,24 +177,35 @@ def prepack_linears(threads: int | None = None) -> tuple[int, float, int]:
     The layers are packed by ``threads`` threads allowed on every online CPU: on an AVX-512 BF16 host
     packing is a real copy of every weight (1.6 s for the bench model's 50 layers, most of its
     restore), and vLLM binds this worker, and so a single packing thread, to one core. Each layer
-    is packed by vLLM's own dispatch, as before: the same handles, only built side by side."""
+    is packed by vLLM's own dispatch, as before: the same handles, only built side by side.
+    ``touch(weight)``: called before a layer is packed (WeightArena.populate_tensor: its weight
+    faulted in while the rest of the file is still arriving); the layers then go in the order of
+    their weights' addresses, the weights file's order, the order it arrives in."""
     t0 = time.perf_counter()
     if _ORIG_DISPATCH is None or not prepack_enabled():
         return 0, time.perf_counter() - t0, 0
     layers = list(_LINEARS)
+    if touch is not None:
+        layers.sort(key=lambda layer: layer.weight.data_ptr())
     n = max(1, min(threads or prepack_threads(), len(layers) or 1))
+
+    def pack(layer) -> None:
+        if touch is not None:
+            touch(layer.weight)
+        _ORIG_DISPATCH(layer, False)
+
     if n == 1:
         for layer in layers:
-            _ORIG_DISPATCH(layer, False)
+            pack(layer)
         return len(layers), time.perf_counter() - t0, 1
     from concurrent.futures import ThreadPoolExecutor
 
-    def pack(layer) -> None:
+    def pack_wide(layer) -> None:
         widen_thread()
-        _ORIG_DISPATCH(layer, False)
+        pack(layer)
 
     with ThreadPoolExecutor(n, thread_name_prefix="coldstart-prepack") as ex:
-        list(ex.map(pack, layers))
+        list(ex.map(pack_wide, layers))
     return len(layers), time.perf_counter() - t0, n
 
 
@@ -297,10 +308,12 @@ class ColdstartRPCMixin:
     @torch.inference_mode()
     def coldstart_reload(self, path: str | None = None, threads: Any = None, verify: Any = False,
                          direct: Any = None, chunk_bytes: Any = None, buffers: Any = None,
-                         mode: Any = None, populate_threads: Any = 4, prepack_threads: Any = None) -> dict:
+                         mode: Any = None, populate_threads: Any = 4, prepack_threads: Any = None,
+                         overlap: Any = None) -> dict:
         """Refill every parameter and buffer from a flat dump (``mode``: map | copy | auto, see the
         module docstring); returns the stats. ``path`` defaults to the flat dir found for the served
-        model (see plugin.find_flat_dir)."""
+        model (see plugin.find_flat_dir). ``overlap`` (map mode): prepack while the populating
+        threads still fault the file in (default: yes, unless $COLDSTART_PREPACK_OVERLAP=0 here)."""
         from coldstart.weights.loader import load_into
 
         self._cs_stop_settling()
@@ -324,15 +337,26 @@ class ColdstartRPCMixin:
                 from coldstart.weights.format import read_index
 
                 t0 = time.perf_counter()
+                # the prepack beside the populate (WeightArena.map_file, "background")
+                overlap = decode_arg(overlap)
+                if overlap is None:
+                    overlap = os.environ.get("COLDSTART_PREPACK_OVERLAP", "1") != "0"
+                side = prepack_enabled() and _ORIG_DISPATCH is not None and not bool(decode_arg(verify)) \
+                    and bool(overlap)
                 try:
                     out = self._cs_arena.map_file(read_index(flat), threads=int(decode_arg(populate_threads)),
-                                                  verify=bool(decode_arg(verify)))
+                                                  verify=bool(decode_arg(verify)),
+                                                  populate="background" if side else "now")
+                    if side:
+                        out.update(self._cs_prepack(decode_arg(prepack_threads), touch=self._cs_arena.populate_tensor))
+                        out.update(populate_s=round(self._cs_arena.wait_populated(), 6), prepack_overlapped=True)
                 except ColdstartError as e:
                     if self._cs_arena.mapped:  # half-done: back to an anonymous arena before copying
                         self._cs_arena.release()
                     refused = str(e)
                 else:
-                    out.update(self._cs_prepack(decode_arg(prepack_threads)))
+                    if not side:
+                        out.update(self._cs_prepack(decode_arg(prepack_threads)))
                     out.update({"seconds_rpc": round(time.perf_counter() - t0, 6), "flat": str(flat)})
                     if auto_choice:
                         out["auto_choice"] = auto_choice
@@ -385,8 +409,8 @@ class ColdstartRPCMixin:
         out["seconds_rpc"] = round(time.perf_counter() - t0, 6)
         return out
 
-    def _cs_prepack(self, threads: Any = None) -> dict:
-        n, secs, used = prepack_linears(int(threads) if threads else None)
+    def _cs_prepack(self, threads: Any = None, touch=None) -> dict:
+        n, secs, used = prepack_linears(int(threads) if threads else None, touch=touch)
         return {"prepacked_linears": n, "prepack_s": round(secs, 6), "prepack_threads": used}
 
     @torch.inference_mode()

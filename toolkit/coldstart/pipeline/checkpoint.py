@@ -314,14 +314,17 @@ def _keep_log(out: Path) -> Path | None:
     return dst
 
 
-def reload_weights(client, snap: Path, weights: dict, mode: str | None = None):
+def reload_weights(client, snap: Path, weights: dict, mode: str | None = None, overlap: bool | None = None):
     """Refill the woken weights: the snapshot's flat file mapped over the weight arena or copied
-    through our loader (CPU sleep worker; ``mode`` map | copy | auto, default the worker's), else
-    vLLM's own ``reload_weights`` from the model (GPU path: unverified on GPU)."""
+    through our loader (CPU sleep worker; ``mode`` map | copy | auto, default the worker's;
+    ``overlap``: a map reload prepacks while the file is still arriving, default the worker's: yes),
+    else vLLM's own ``reload_weights`` from the model (GPU path: unverified on GPU)."""
     if weights.get("dir"):
-        kw = {"path": str(snap / weights["dir"])}
+        kw: dict = {"path": str(snap / weights["dir"])}
         if mode:
             kw["mode"] = mode
+        if overlap is not None:
+            kw["overlap"] = overlap
         res = client.collective_rpc("coldstart_reload", kwargs=kw)
         for r in res:
             if isinstance(r, dict) and r.get("error"):

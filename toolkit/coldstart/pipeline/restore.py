@@ -275,6 +275,7 @@ RUNTIME_REST_ENV = "COLDSTART_LAZY_RUNTIME_REST"
 
 
 READ_AHEAD_ENV = "COLDSTART_CRIU_READ_AHEAD"  # "0": no read-ahead of the restorer's reads (to compare)
+PREPACK_OVERLAP_ENV = "COLDSTART_PREPACK_OVERLAP"  # "0": a map reload prepacks after populating (to compare)
 WARM_AFTER_CRIU_ENV = "COLDSTART_WARM_AFTER_CRIU"  # "1": the warmer's reads wait for CRIU's resume (to compare)
 
 
@@ -780,13 +781,16 @@ def _wake_and_reload(client, snap: Path, m: Manifest, opts: RestoreOptions, tl: 
     # map (an O_DIRECT copy would read the weights a second time, past the warmer, and hide them
     # from the recorded profile); without one, auto copies a cold file in with O_DIRECT
     mode = "map" if opts.reload_mode == "auto" and warming else opts.reload_mode
-    res = reload_weights(client, snap, m.weights, mode=mode)
+    # (from this process's environment: the restored worker's is the checkpoint's)
+    overlap = {"0": False, "1": True}.get(os.environ.get(PREPACK_OVERLAP_ENV, ""))
+    res = reload_weights(client, snap, m.weights, mode=mode, overlap=overlap)
     dt = time.monotonic() - t
     nbytes = int(m.weights.get("bytes", 0))
     r0 = res[0] if res and isinstance(res[0], dict) else {}
     tl.mark(EventName.WEIGHTS_LOADED, bytes=nbytes, gib_s=round(nbytes / 2**30 / dt, 3) if dt else 0,
             mode=r0.get("mode", "stock"),
-            **{k: r0[k] for k in ("auto_choice", "map_refused", "o_direct", "prepack_s", "prepacked_linears")
+            **{k: r0[k] for k in ("auto_choice", "map_refused", "o_direct", "prepack_s", "prepacked_linears",
+                                  "populate_s", "prepack_overlapped")
                if r0.get(k)})
     client.wake_up(["kv_cache"])
     tl.mark(EventName.WAKE_KV)
