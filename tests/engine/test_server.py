@@ -156,10 +156,10 @@ def test_map_reload_identical_and_released(engine_server, canary, canary_prompt,
     flat = str((flat_dump / "weights.flat").resolve())
     client.sleep(2)
     client.wake_up(["weights"])
-    res = client.collective_rpc("coldstart_reload", kwargs={"path": str(flat_dump), "mode": "map"})[0]
+    res = client.collective_rpc("coldstart_reload", kwargs={"path": str(flat_dump), "mode": "map", "overlap": True})[0]
     client.wake_up(["kv_cache"])
     assert res["mode"] == "map" and res["bytes"] == state["arena"]["bytes"], res
-    # the handles are built while the file is still being faulted in (arena populate "background")
+    # the handles were built while the file was still being faulted in (arena populate "background")
     assert res.get("prepack_overlapped") or not res.get("prepacked_linears"), res
     assert flat in _worker_maps(eng)
     assert _complete(client, canary_prompt) == canary

@@ -314,10 +314,11 @@ def _keep_log(out: Path) -> Path | None:
     return dst
 
 
-def reload_weights(client, snap: Path, weights: dict, mode: str | None = None, overlap: bool | None = None):
+def reload_weights(client, snap: Path, weights: dict, mode: str | None = None, overlap: bool | str | None = None):
     """Refill the woken weights: the snapshot's flat file mapped over the weight arena or copied
     through our loader (CPU sleep worker; ``mode`` map | copy | auto, default the worker's;
-    ``overlap``: a map reload prepacks while the file is still arriving, default the worker's: yes),
+    ``overlap``: a map reload prepacks while the file is still arriving: True, False, "auto" (when
+    it is not all cached), None the worker's default),
     else vLLM's own ``reload_weights`` from the model (GPU path: unverified on GPU)."""
     if weights.get("dir"):
         kw: dict = {"path": str(snap / weights["dir"])}

@@ -275,7 +275,9 @@ RUNTIME_REST_ENV = "COLDSTART_LAZY_RUNTIME_REST"
 
 
 READ_AHEAD_ENV = "COLDSTART_CRIU_READ_AHEAD"  # "0": no read-ahead of the restorer's reads (to compare)
-PREPACK_OVERLAP_ENV = "COLDSTART_PREPACK_OVERLAP"  # "0": a map reload prepacks after populating (to compare)
+# "0": a map reload prepacks after populating, "1": beside it; unset or "auto": beside it when the
+# weights file is not all in the page cache (sleep_worker._overlap_prepack)
+PREPACK_OVERLAP_ENV = "COLDSTART_PREPACK_OVERLAP"
 WARM_AFTER_CRIU_ENV = "COLDSTART_WARM_AFTER_CRIU"  # "1": the warmer's reads wait for CRIU's resume (to compare)
 
 
@@ -782,7 +784,7 @@ def _wake_and_reload(client, snap: Path, m: Manifest, opts: RestoreOptions, tl: 
     # from the recorded profile); without one, auto copies a cold file in with O_DIRECT
     mode = "map" if opts.reload_mode == "auto" and warming else opts.reload_mode
     # (from this process's environment: the restored worker's is the checkpoint's)
-    overlap = {"0": False, "1": True}.get(os.environ.get(PREPACK_OVERLAP_ENV, ""))
+    overlap = {"0": False, "1": True}.get(os.environ.get(PREPACK_OVERLAP_ENV, ""), "auto")
     res = reload_weights(client, snap, m.weights, mode=mode, overlap=overlap)
     dt = time.monotonic() - t
     nbytes = int(m.weights.get("bytes", 0))
