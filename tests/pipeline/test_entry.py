@@ -41,3 +41,36 @@ def test_clock_started_by_the_entrypoint_itself_puts_its_exec_at_zero(monkeypatc
         monkeypatch.setenv("COLDSTART_T0", repr(exec_wall_time()))
         ev = {e.name: e.t for e in Timeline.from_container_start("restore").events}
         assert ev["ENTRYPOINT_START"] == 0 and ev["ENTRY_READY"] >= 0, ev
+
+
+def test_host_root_is_found_while_helpers_come_and_go():
+    """launcher → CRIU's init → the restored root, and beside the root helpers that exit and are
+    reaped at any moment: a helper gone between the listing and the look at it must not make the
+    restored tree look absent (_host_root returned 0 on that race: a fallback)."""
+    import time
+
+    from coldstart.pipeline.restore import _host_root
+
+    # the root, and short-lived helpers all the time (three at once: the old code returned 0 in
+    # about one call of eight)
+    init = "sleep 30 & while :; do /bin/true & /bin/true & /bin/true & wait $!; done"
+    launcher = subprocess.Popen(["sh", "-c", f"sh -c '{init}'; :"])
+    try:
+        import psutil
+
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # until the root is up
+            kids = psutil.Process(launcher.pid).children()
+            if kids and any(c.name() == "sleep" for c in kids[0].children()):
+                break
+            time.sleep(0.01)
+        root = next(c.pid for c in psutil.Process(launcher.pid).children()[0].children() if c.name() == "sleep")
+        found, t0 = set(), time.monotonic()
+        while time.monotonic() - t0 < 3:
+            found.add(_host_root(launcher.pid, settle=5.0))
+        assert found == {root}
+    finally:
+        for p in psutil.Process(launcher.pid).children(recursive=True):
+            p.kill()
+        launcher.kill()
+        launcher.wait()

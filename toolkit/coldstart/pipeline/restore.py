@@ -830,17 +830,28 @@ def _host_root(launcher_pid: int, settle: float = 5.0) -> int:
 
     Right after post-resume criu can still have exiting helper children (zombies, or helpers that
     have not exited yet): wait up to ``settle`` seconds for exactly one live child, instead of
-    failing the restore on a momentary second child (seen under heavy load)."""
+    failing the restore on a momentary second child (seen under heavy load). A helper reaped between
+    the listing and the look at it is one fewer child, not the end of the tree (a cold container
+    restore fell back once on that)."""
     import psutil
 
     deadline = time.monotonic() + settle
     while True:
         try:
             inits = psutil.Process(launcher_pid).children()
-            roots = [c for c in (inits[0].children() if inits else [])
-                     if c.status() != psutil.STATUS_ZOMBIE]
         except psutil.NoSuchProcess:
             return 0
+        roots = []
+        try:
+            kids = inits[0].children() if inits else []
+        except psutil.NoSuchProcess:
+            kids = []  # CRIU's init gone: nothing to find (until the deadline says so)
+        for c in kids:
+            try:
+                if c.status() != psutil.STATUS_ZOMBIE:
+                    roots.append(c)
+            except psutil.NoSuchProcess:
+                continue
         if len(roots) == 1:
             return roots[0].pid
         if time.monotonic() > deadline:
