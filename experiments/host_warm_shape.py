@@ -31,6 +31,7 @@ VARIANTS = {
     "none": None,  # the restore alone, no host warming
     "none-be": None,  # the same, its entrypoint's warmer in the normal I/O class (CONTAINER_ENV)
     "none-noverlap": None,  # the same, its map reload prepacking after populating (CONTAINER_ENV)
+    "none-2x2": None,  # the same, its entrypoint's warmer 2 readers x 2 MiB (CONTAINER_ENV)
     "create-8x8M": {"after_start": False, "threads": 8, "chunk": 8 * MiB},
     "started-8x8M": {"after_start": True, "threads": 8, "chunk": 8 * MiB},
     "create-2x2M": {"after_start": False, "threads": 2, "chunk": 2 * MiB},
@@ -80,7 +81,8 @@ VARIANTS = {
 CONTAINER_ENV = {"none-be": {"COLDSTART_WARM_IOPRIO": "be"}, "started-8x8M-early-be": {"COLDSTART_WARM_IOPRIO": "be"},
                  "started-8x8M-early-noverlap": {"COLDSTART_PREPACK_OVERLAP": "0"},
                  "started-2x2M-early-noverlap": {"COLDSTART_PREPACK_OVERLAP": "0"},
-                 "none-noverlap": {"COLDSTART_PREPACK_OVERLAP": "0"}}
+                 "none-noverlap": {"COLDSTART_PREPACK_OVERLAP": "0"},
+                 "none-2x2": {"COLDSTART_WARM_SHAPE": "2x2"}}
 REPO = Path(__file__).resolve().parents[1]
 
 
