@@ -135,6 +135,21 @@ def test_second_push_compresses_and_hashes_no_pack_again(registry, tree, monkeyp
     assert len(asked) == len(set(asked)) == again.blobs
 
 
+def test_a_new_tag_of_the_same_tree_reuses_the_repositorys_other_tags(registry, tree, tmp_path, monkeypatch):
+    """A new version pushed under a new tag: the frames and packs the repository's other tags already
+    have are neither compressed nor hashed again, and nothing is uploaded but the new index."""
+    artifact.push(tree, f"{registry.host}/t/versions:v1", **SMALL)
+    encoded, packed = [], []
+    real_encode, real_pack = artifact._encode, artifact._pack_pieces
+    monkeypatch.setattr(artifact, "_encode", lambda *a, **k: encoded.append(1) or real_encode(*a, **k))
+    monkeypatch.setattr(artifact, "_pack_pieces", lambda *a, **k: packed.append(1) or real_pack(*a, **k))
+    v2 = artifact.push(tree, f"{registry.host}/t/versions:v2", **SMALL)
+    assert not encoded and not packed and v2.uploaded == 0  # (the index blob is the same bytes too)
+    same_tree(tree, artifact.pull(f"{registry.host}/t/versions:v2", tmp_path / "out").dir)
+    assert Registry(Ref.parse(f"{registry.host}/t/versions:v2")).tags() == ["v1", "v2"]
+    assert Registry(Ref.parse(f"{registry.host}/t/no-such-repo:v1")).tags() == []
+
+
 def test_frames_that_come_out_otherwise_are_made_anew(registry, tree, tmp_path, monkeypatch):
     """Sizes known from an earlier push, packs to be made again, by a zstandard that compresses
     otherwise (here: another level): the push notices, compresses anew, and pulls back bit-exact."""

@@ -521,12 +521,13 @@ def push(root: Path, ref: str, *, chunk_size: int = CHUNK, pack_size: int = PACK
     r = Ref.parse(ref)
     reg = Registry(r)
     extra = shipped_profile(root) if profile else {}
-    # what this ref held before: its chunks' frames need not be made again to be sized, nor its packs
-    # (those the registry still has) to be hashed, when the tree has not changed
-    prev = _previous_index(reg) if compress == "zstd" else None
-    known = previous_frames(prev) if prev else None
-    present = {p.digest for p in prev.packs if reg.has_blob(p.digest)} if prev else set()
-    reuse = {_pack_key(prev, p): p.digest for p in prev.packs if p.digest in present} if prev else None
+    # what this ref held before (a new ref: what the repository's other tags hold): its chunks' frames
+    # need not be made again to be sized, nor its packs (those the registry still has) to be hashed,
+    # when the tree has not changed
+    prevs = _previous_indexes(reg) if compress == "zstd" else []
+    known = {k: v for prev in reversed(prevs) for k, v in previous_frames(prev).items()} or None
+    present = {d for d in {p.digest for prev in prevs for p in prev.packs} if reg.has_blob(d)}
+    reuse = {_pack_key(prev, p): p.digest for prev in prevs for p in prev.packs if p.digest in present} or None
 
     def indexed(known, reuse) -> Index:
         ix = build_index(root, chunk_size=chunk_size, pack_size=pack_size, say=say, extra=extra, ranges=ranges,
@@ -575,6 +576,28 @@ def previous_frames(prev: Index) -> dict[str, tuple[int, str]]:
     again. Its chunks stored as is too when ``prev`` was pushed compressed (zstd saved too little on
     them: random or already compressed bytes), not when it was pushed as is or did not record how."""
     return {c.digest: (c.stored, c.codec) for c in prev.chunks if c.codec or prev.compress == "zstd"}
+
+
+SIBLINGS = 4  # a new ref: how many of its repository's other tags push reads the frames of
+
+
+def _previous_indexes(reg: Registry) -> list[Index]:
+    """The index the ref names now; for a new ref, those of up to SIBLINGS other tags of its
+    repository (a new version pushed under a new tag is mostly the old one's chunks: without them
+    every chunk was compressed again). Unreadable ones are skipped: they are only a shortcut."""
+    own = _previous_index(reg)
+    if own is not None:
+        return [own]
+    try:
+        tags = [t for t in reg.tags() if t != reg.ref.tag]
+    except RegistryError:
+        return []
+    out = []
+    for t in sorted(tags, reverse=True)[:SIBLINGS]:
+        ix = _previous_index(reg.at(t))
+        if ix is not None:
+            out.append(ix)
+    return out
 
 
 def _previous_index(reg: Registry) -> Index | None:

@@ -13,7 +13,7 @@ import base64
 import hashlib
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable, Iterator
 
 import requests
@@ -214,6 +214,22 @@ class Registry:
             r.close()
 
     # --- manifests ----------------------------------------------------------------------------------
+
+    def tags(self) -> list[str]:
+        """The repository's tags (none when the repository does not exist yet)."""
+        r = self._request("GET", f"{self.ref.base}/tags/list", ok=(200, 404), what="list tags")
+        if r.status_code == 404:
+            return []
+        try:
+            return [str(t) for t in (r.json().get("tags") or [])]
+        except (ValueError, AttributeError):
+            raise RegistryError(f"list tags: {self.ref.host} answered something that is not a tag list") from None
+
+    def at(self, tag: str) -> "Registry":
+        """The same repository and credentials, at another tag."""
+        r = self.clone()
+        r.ref = replace(self.ref, tag=tag, digest=None)
+        return r
 
     def put_manifest(self, body: bytes, media_type: str = OCI_MANIFEST, reference: str | None = None) -> str:
         ref = reference or self.ref.tag or "latest"
