@@ -60,8 +60,6 @@ VARIANTS = {
     "started-8x8M-early-be": {"after_start": True, "threads": 8, "chunk": 8 * MiB, "early": True, "io_class": "be"},
     "started-8x8M-early-idle": {"after_start": True, "threads": 8, "chunk": 8 * MiB, "early": True,
                                 "io_class": "idle"},
-    # idle, and asked for with WILLNEED (no copy to user space: 0.50 against 0.70 core-seconds per
-    # 1.3 GB here) with 64 MiB ahead of what is resident
     # fewer, smaller reads in flight (idle class): on this disk 2 x 2-4 MiB read the weights at 1.8-2.0
     # GiB/s against 0.9-1.35 for 8 x 8 MiB, and a 4 KiB read beside them waited 5-7 ms (p90)
     # against 28-54
@@ -74,6 +72,8 @@ VARIANTS = {
     "create-2x2M-early": {"after_start": False, "threads": 2, "chunk": 2 * MiB, "early": True},
     "create-2x2M-early-nowait": {"after_start": False, "threads": 2, "chunk": 2 * MiB, "early": True,
                                  "wait_early": False},
+    # idle, and asked for with WILLNEED (no copy to user space: 0.50 against 0.70 core-seconds per
+    # 1.3 GB here) with 64 MiB ahead of what is resident
     "started-8x8M-early-willneed": {"after_start": True, "threads": 8, "chunk": 8 * MiB, "early": True,
                                     "io_class": "idle", "method": "willneed"},
 }

@@ -110,38 +110,42 @@ def default_reload_mode() -> str:
     return mode if mode in RELOAD_MODES else "auto"
 
 
-def _auto_reload_mode(flat: Path) -> tuple[str, str]:
-    """``auto`` with an arena: ``copy`` for a cold flat file (the loader then reads it with O_DIRECT),
-    ``map`` otherwise; (mode, why). Residency sampled like the loader's O_DIRECT choice."""
+def _resident_fraction(flat: Path) -> float:
+    """The share of the flat weights file in the page cache, sampled like the loader's O_DIRECT
+    choice. Raises for an unreadable file (map_file's to report)."""
     from coldstart.warm.residency import sampled_resident_fraction
     from coldstart.weights.format import read_index
+
+    return sampled_resident_fraction(read_index(flat).data_file)
+
+
+def _auto_reload_mode(flat: Path) -> tuple[str, str, float | None]:
+    """``auto`` with an arena: ``copy`` for a cold flat file (the loader then reads it with O_DIRECT),
+    ``map`` otherwise; (mode, why, the sampled residency or None)."""
     from coldstart.weights.loader import COLD_DIRECT_MAX
 
     try:
-        frac = sampled_resident_fraction(read_index(flat).data_file)
+        frac = _resident_fraction(flat)
     except Exception as e:  # noqa: BLE001 - an unreadable file is map_file's to report
-        return "map", f"auto: residency unknown ({e}) -> map"
+        return "map", f"auto: residency unknown ({e}) -> map", None
     if frac < COLD_DIRECT_MAX:
-        return "copy", f"auto: {frac:.0%} of the weights file cached -> copy"
-    return "map", f"auto: {frac:.0%} of the weights file cached -> map"
+        return "copy", f"auto: {frac:.0%} of the weights file cached -> copy", frac
+    return "map", f"auto: {frac:.0%} of the weights file cached -> map", frac
 
 
-def _overlap_prepack(overlap, flat: Path) -> bool:
+def _overlap_prepack(overlap, flat: Path, frac: float | None = None) -> bool:
     """Whether a map reload prepacks beside the populate (True/False; None: $COLDSTART_PREPACK_OVERLAP,
     "1", "0" or "auto", its default). Auto: when a sample of the weights file finds some of it out of
     the page cache. Cold, the populate waits on the disk while the prepack needs the CPUs: side by
     side the bench model's map reload took 1.17 s against 1.86 (AVX-512 VM, in a container with host
     warming). Warm there is no wait to hide, and the populating threads only take CPU from the
-    prepack: 1.03 s against 0.96."""
+    prepack: 1.03 s against 0.96. ``frac``: the residency already sampled (_auto_reload_mode)."""
     if overlap is None:
         overlap = {"0": False, "1": True}.get(os.environ.get("COLDSTART_PREPACK_OVERLAP", "auto"), "auto")
     if overlap != "auto":
         return bool(overlap)
-    from coldstart.warm.residency import sampled_resident_fraction
-    from coldstart.weights.format import read_index
-
     try:
-        return sampled_resident_fraction(read_index(flat).data_file) < 0.99
+        return (frac if frac is not None else _resident_fraction(flat)) < 0.99
     except Exception:  # noqa: BLE001 - an unreadable file is map_file's to report
         return False
 
@@ -345,8 +349,9 @@ class ColdstartRPCMixin:
             raise ValueError(f"reload mode {mode!r}: choose one of {', '.join(RELOAD_MODES)}")
         refused = None
         auto_choice = ""
+        frac = None
         if mode == "auto" and self._cs_arena is not None:
-            choice, auto_choice = _auto_reload_mode(flat)
+            choice, auto_choice, frac = _auto_reload_mode(flat)
             if choice == "copy":  # else stay "auto": a refused map still falls back to a copy
                 mode = "copy"
         if mode in ("map", "auto"):
@@ -357,13 +362,13 @@ class ColdstartRPCMixin:
                 from coldstart.weights.format import read_index
 
                 t0 = time.perf_counter()
+                check = bool(decode_arg(verify))
                 # the prepack beside the populate (WeightArena.map_file, "background")
-                side = prepack_enabled() and _ORIG_DISPATCH is not None and not bool(decode_arg(verify)) \
-                    and _overlap_prepack(decode_arg(overlap), flat)
+                side = prepack_enabled() and _ORIG_DISPATCH is not None and not check \
+                    and _overlap_prepack(decode_arg(overlap), flat, frac)
                 try:
                     out = self._cs_arena.map_file(read_index(flat), threads=int(decode_arg(populate_threads)),
-                                                  verify=bool(decode_arg(verify)),
-                                                  populate="background" if side else "now")
+                                                  verify=check, populate="background" if side else "now")
                     if side:
                         out.update(self._cs_prepack(decode_arg(prepack_threads), touch=self._cs_arena.populate_tensor))
                         out.update(populate_s=round(self._cs_arena.wait_populated(), 6), prepack_overlapped=True)
