@@ -76,13 +76,25 @@ VARIANTS = {
     # 1.3 GB here) with 64 MiB ahead of what is resident
     "started-8x8M-early-willneed": {"after_start": True, "threads": 8, "chunk": 8 * MiB, "early": True,
                                     "io_class": "idle", "method": "willneed"},
+    # the bulk reads with pread (the warmers' method before sendfile): a copy to user space per byte,
+    # on the host's readers and on the entrypoint's (CONTAINER_ENV); the early reads stay sendfile
+    "started-2x2M-early-pread": {"after_start": True, "threads": 2, "chunk": 2 * MiB, "early": True,
+                                 "method": "pread"},
+    # more readers now that a read costs no copy: the profile's short runs (~100 KiB) keep only two
+    # requests in flight with 2 readers
+    "started-3x2M-early": {"after_start": True, "threads": 3, "chunk": 2 * MiB, "early": True},
+    "started-4x2M-early": {"after_start": True, "threads": 4, "chunk": 2 * MiB, "early": True},
+    "started-4x1M-early": {"after_start": True, "threads": 4, "chunk": 1 * MiB, "early": True},
+    "none-pread": None,  # the restore alone, its entrypoint's warmer reading with pread (CONTAINER_ENV)
 }
 # what the restore container's environment gets besides, per variant
 CONTAINER_ENV = {"none-be": {"COLDSTART_WARM_IOPRIO": "be"}, "started-8x8M-early-be": {"COLDSTART_WARM_IOPRIO": "be"},
                  "started-8x8M-early-noverlap": {"COLDSTART_PREPACK_OVERLAP": "0"},
                  "started-2x2M-early-noverlap": {"COLDSTART_PREPACK_OVERLAP": "0"},
                  "none-noverlap": {"COLDSTART_PREPACK_OVERLAP": "0"},
-                 "none-2x2": {"COLDSTART_WARM_SHAPE": "2x2"}}
+                 "none-2x2": {"COLDSTART_WARM_SHAPE": "2x2"},
+                 "none-pread": {"COLDSTART_WARM_METHOD": "pread"},
+                 "started-2x2M-early-pread": {"COLDSTART_WARM_METHOD": "pread"}}
 REPO = Path(__file__).resolve().parents[1]
 
 

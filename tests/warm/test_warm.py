@@ -18,7 +18,7 @@ import pytest
 from coldstart.warm import evict, make_warmer, resident_bytes, start_warming
 from coldstart.warm.profile import PROFILE_NAME, ProfileRecorder, load_profile
 from coldstart.warm.snapshot import node_profile
-from coldstart.warm.residency import ResidencySampler
+from coldstart.warm.residency import ResidencySampler, residency_vector
 
 MiB = 1 << 20
 CACHE = Path(os.environ.get("COLDSTART_CACHE", "/var/cache/coldstart"))
@@ -104,8 +104,9 @@ def _evict_all(paths):
         assert resident_bytes(p)[0] == 0, f"{p} still resident after DONTNEED"
 
 
-@pytest.mark.parametrize("mode,kw", [("native", {}), ("native", {"method": "willneed"}), ("vmtouch", {})],
-                         ids=["native-pread", "native-willneed", "vmtouch"])
+@pytest.mark.parametrize("mode,kw", [("native", {}), ("native", {"method": "pread"}), ("native", {"method": "willneed"}),
+                                     ("vmtouch", {})],
+                         ids=["native-sendfile", "native-pread", "native-willneed", "vmtouch"])
 @retry_on_external_drop
 def test_warm_brings_dropped_files_fully_resident(warm_dir, mode, kw):
     files = [warm_dir / "criu" / "pages-1.img", warm_dir / "criu" / "core-1.img", warm_dir / "weights.flat"]
@@ -473,6 +474,38 @@ def test_restore_records_profile_then_next_restore_follows_it(warm_dir, tmp_path
     (snap / "manifest.json").write_text(json.dumps({"model_digest": "def", "created_at": "later"}))
     w3 = start_warming([pages], mode="native", record=False)
     assert not w3.wait().profile_used
+
+
+@retry_on_external_drop
+def test_sendfile_reads_a_profiles_short_ranges_and_nothing_past_them(warm_dir, tmp_path):
+    """The default read method (sendfile to /dev/null, no copy to user space) reads a profile's short
+    runs with readahead off: exactly their bytes reach the page cache, not a readahead window past
+    each. A run longer than EXACT_RUN is read with readahead as usual; both end up resident."""
+    from coldstart.warm.native import EXACT_RUN
+    from coldstart.warm.profile import Profile, ProfileRange
+
+    weights = warm_dir / "weights.flat"
+    size = weights.stat().st_size
+    short = [(8 * MiB, 64 * 1024), (40 * MiB, MiB), (80 * MiB + 4096, 256 * 1024)]
+    prof = Profile(files={"weights.flat": size},
+                   ranges=[ProfileRange("weights.flat", o, n, 0.1 * i, "pagecache") for i, (o, n) in enumerate(short)])
+    path = prof.save(tmp_path / PROFILE_NAME)
+    os.link(weights, tmp_path / "weights.flat")
+    _evict_all([weights])
+    st = start_warming([tmp_path / "weights.flat"], mode="native", threads=2, chunk=2 * MiB, profile=path,
+                       record=False, rest="never").wait()
+    assert st.finished and st.profile_used and st.errors == []
+    assert resident_bytes(weights)[0] == sum(n for _, n in short)
+    for o, n in short:
+        assert residency_vector(weights, o, n).all()
+
+    long_run = ProfileRange("weights.flat", 100 * MiB, EXACT_RUN + 4 * MiB, 0.0, "pagecache")
+    Profile(files={"weights.flat": size}, ranges=[long_run]).save(path)
+    _evict_all([weights])
+    st = start_warming([tmp_path / "weights.flat"], mode="native", threads=2, chunk=2 * MiB, profile=path,
+                       record=False, rest="never").wait()
+    assert st.finished and st.bytes == long_run.length
+    assert residency_vector(weights, long_run.offset, long_run.length).all()
 
 
 @retry_on_external_drop

@@ -441,7 +441,7 @@ def pipeline_restore_once(snap: Path, *, echo: Callable[[str], None] = print) ->
             EngineClient.collective_rpc = rpc  # type: ignore[method-assign]
         try:
             opts = RestoreOptions(snapshot=snap, fallback=False, net="host", timeout=900, warm_mode=v["mode"],
-                                  warm_method=v.get("method", "pread"),
+                                  warm_method=v.get("method"),
                                   warm_profile="auto" if v.get("profile") else "off",
                                   warm_record=v.get("record", "off"), warm_rest=v.get("rest", "after"))
             if v.get("loader_odirect") and hasattr(opts, "reload_mode"):

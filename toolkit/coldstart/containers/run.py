@@ -41,6 +41,7 @@ from coldstart.warm import snapshot as _snapshot
 from coldstart.warm import start_warming
 from coldstart.warm.base import WarmStats
 from coldstart.warm.profile import load_profile
+from coldstart.warm.residency import read_into_cache
 
 _PRELOADED = (_native, _snapshot, _images)  # start_warming imports them lazily: here they load before the clock
 
@@ -162,8 +163,8 @@ class HostWarm:
     ``bulk``: "profile" (the default: the profile's ranges, then the weights) or "weights" (the
     weights file only; slower: it delayed the entrypoint's start by a second, bench-early-weights).
     ``threads``, ``chunk``, ``method``, ``io_class``: the native warmer's readers, chunk in flight,
-    read method (``pread``, its default, or ``populate``: no copy to user space, CPU the restore
-    needs on a small host) and I/O class (its default "idle": the bulk reads yield to the restore's
+    read method (``sendfile``, its default: no copy to user space, CPU the restore needs on a small
+    host; or ``pread``, ``populate``) and I/O class (its default "idle": the bulk reads yield to the restore's
     own; the early reads stay in the normal class: they are what the restore waits for). Readers x
     chunk default to 2 x 2 MiB (HOST_SHAPE), not the native warmer's 8 x 8 MiB: on the AVX-512 VM's
     disk 2 x 2 MiB read at 1.8-2.0 GiB/s against 0.9-1.35, a 4 KiB read beside them waited 5 ms
@@ -333,7 +334,7 @@ def _read_criu_first(images: Path, remap, cancelled=lambda: False) -> int:
                 break
             if path not in fds:
                 fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            n += len(os.pread(fds[path], length, off))
+            n += read_into_cache(fds[path], off, length)
     except OSError:
         pass  # a hint: the restore reads them anyway
     finally:
@@ -348,12 +349,10 @@ def _read_data(path: Path, cancelled=lambda: False) -> int:
     n = 0
     with open(path, "rb", buffering=0) as f:
         for pos, end in data_extents(f.fileno()):
-            while pos < end and not cancelled():
-                got = len(os.pread(f.fileno(), min(1 << 20, end - pos), pos))
-                if not got:
-                    return n
-                n += got
-                pos += got
+            got = read_into_cache(f.fileno(), pos, end - pos, cancelled)
+            n += got
+            if got < end - pos:
+                break  # cancelled, or the file shrank
     return n
 
 

@@ -72,7 +72,8 @@ def parser() -> argparse.ArgumentParser:
     a("--variant", default="default", help="The `variant` label of the metrics.")
     a("--warm-mode", choices=("native", "vmtouch", "none"),
       help="Page-cache warming: native | vmtouch | none (default: $COLDSTART_WARM_MODE or native).")
-    a("--warm-method", choices=("pread", "populate", "willneed"), help="Native warming: pread | populate | willneed.")
+    a("--warm-method", choices=("sendfile", "pread", "populate", "willneed"),
+      help="Native warming: sendfile (default: no copy) | pread | populate | willneed.")
     a("--warm-profile", default="auto", help="Access profile to follow: auto (DIR/profile.json) | off | PATH.")
     a("--warm-record", default="auto", choices=("auto", "off", "force"),
       help="Record an access profile at first token: auto (when none) | off | force.")

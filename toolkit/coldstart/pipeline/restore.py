@@ -62,7 +62,7 @@ class RestoreOptions:
     reload_mode: str = "auto"  # map | copy | auto: how the worker refills its weights (sleep_worker.py)
     # page-cache warming (warm stage): None/"auto" = the entrypoint's COLDSTART_WARM_* env or defaults
     warm_mode: str | None = None  # native | vmtouch | none
-    warm_method: str | None = None  # native: pread | populate | willneed
+    warm_method: str | None = None  # native: sendfile | pread | populate | willneed
     warm_profile: str = "auto"  # auto (DIR/profile.json if recorded) | off | PATH
     warm_record: str = "auto"  # auto (when there is no profile) | off | force; saved at first token
     warm_rest: str = "after"  # with a profile, the ranges it does not name: after (first token) | now | never

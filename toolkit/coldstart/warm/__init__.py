@@ -29,6 +29,7 @@ def warm_modes() -> list[dict]:
         {"name": "vmtouch", "mode": "vmtouch", "profile": False},
         {"name": "native", "mode": "native", "profile": False},
         {"name": "native+profile", "mode": "native", "profile": True},
+        {"name": "native-pread+profile", "mode": "native", "method": "pread", "profile": True},
         {"name": "native-populate+profile", "mode": "native", "method": "populate", "profile": True},
         {"name": "native-willneed+profile", "mode": "native", "method": "willneed", "profile": True},
         {"name": "odirect", "mode": "none", "profile": False, "loader_odirect": True},
@@ -101,7 +102,7 @@ def start_warming(paths: list[Path] | list[str], *, mode: str | None = None, pro
 
     mode = mode or snapmod.env_mode()
     if mode == "native" and "method" not in kw and os.environ.get("COLDSTART_WARM_METHOD"):
-        kw["method"] = os.environ["COLDSTART_WARM_METHOD"]  # pread | populate | willneed
+        kw["method"] = os.environ["COLDSTART_WARM_METHOD"]  # sendfile | pread | populate | willneed
     shape = os.environ.get("COLDSTART_WARM_SHAPE", "")  # READERSxMIB, e.g. 2x2: readers x chunk in flight
     if mode == "native" and shape and threads is None and "chunk" not in kw:
         try:

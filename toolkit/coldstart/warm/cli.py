@@ -36,7 +36,7 @@ def run(
     mode: str = typer.Option("native", help="native | vmtouch"),
     profile: Optional[Path] = typer.Option(None, help="access profile to follow (default: DIR/profile.json if present)"),
     threads: Optional[int] = typer.Option(None, help="reader threads (native) or vmtouch processes (default 8)"),
-    method: str = typer.Option("pread", help="native only: pread | willneed"),
+    method: str = typer.Option("sendfile", help="native only: sendfile | pread | populate | willneed"),
     chunk_mib: int = typer.Option(8, help="native: bytes per read; vmtouch: split size is 32x this"),
     evict_first: bool = typer.Option(False, "--evict", help="drop the files from the page cache first (benchmarks)"),
     as_json: bool = typer.Option(False, "--json", help="print the stats as JSON"),

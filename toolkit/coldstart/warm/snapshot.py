@@ -10,7 +10,7 @@ Without either call, recording ends and saves after RECORD_MAX_S.
 
 Environment knobs, for the container entrypoint (one process, no flags to thread through):
   COLDSTART_WARM_MODE    native (default) | vmtouch | none
-  COLDSTART_WARM_METHOD  pread (default) | willneed   (native mode)
+  COLDSTART_WARM_METHOD  sendfile (default) | pread | populate | willneed   (native mode)
   COLDSTART_WARM_PROFILE auto (default: DIR/profile.json, else this node's) | off | PATH
   COLDSTART_WARM_RECORD  auto (default: when no profile) | off | force
 """
