@@ -99,6 +99,8 @@ def one_start(c, image: str, method: str, model: Path, snap: Path, layers: list[
             row["restored"] = summ.get("restored")
             row["fallback_reason"] = summ.get("fallback_reason")
             row["events"] = summ.get("events")
+            if summ.get("attrs"):
+                row["event_attrs"] = summ["attrs"]  # e.g. WEIGHTS_LOADED: the reload's populate and prepack
     except Exception as e:  # noqa: BLE001 - recorded; the next cell still runs
         row["error"] = f"{type(e).__name__}: {e}"
     finally:

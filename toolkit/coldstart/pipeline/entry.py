@@ -105,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
     status = "restored" if res.restored else f"cold boot (fallback: {res.fallback_reason})"
     summary = json.dumps({"url": res.base_url, "pid": res.engine.root_pid, "restored": res.restored,
                           "fallback_reason": res.fallback_reason, "canary_ok": res.canary_ok,
-                          "events": {e.name: e.t for e in res.timeline.events}})
+                          "events": {e.name: e.t for e in res.timeline.events},
+                          "attrs": {e.name: e.attrs for e in res.timeline.events if e.attrs}}, default=str)
     print(summary, flush=True)
     if args.ready_file:
         from coldstart.fsutil import write_atomic
