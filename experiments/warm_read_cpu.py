@@ -39,9 +39,8 @@ def _read(files: list[Path], snapshot: Path | None, layers, method: str, threads
     from coldstart.containers.run import HostWarm
 
     hw = HostWarm(snapshot, layers, after_start=False, threads=threads, chunk=chunk, method=method)
-    hw._t.join()
-    return {"bytes": hw.stats.bytes if hw.stats else None, "errors": hw.stats.errors if hw.stats else hw.error,
-            "early": hw.early}
+    st = hw.wait()
+    return {"bytes": st.bytes if st else None, "errors": st.errors if st else hw.error, "early": hw.early}
 
 
 def one(files: list[Path], snapshot: Path | None, layers, dev: str, method: str, threads: int, chunk: int) -> dict:

@@ -7,9 +7,9 @@ mincore answers from the page cache without faulting anything in.
 from __future__ import annotations
 
 import ctypes
+import ctypes.util
 import errno
 import fcntl
-import ctypes.util
 import mmap
 import os
 import threading
