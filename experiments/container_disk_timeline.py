@@ -20,17 +20,22 @@ from coldstart.bench.containers import one_start, snapshot_in_container
 from coldstart.bench.criu import drop_caches
 from coldstart.bench.warm import block_device
 from coldstart.containers import docker_api, image
+from coldstart.warm.residency import PAGE, residency_vector
 
 import host_warm_shape as hws
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def sample(dev: str, stop: threading.Event, out: list, every: float = 0.05) -> None:
+def sample(dev: str, stop: threading.Event, out: list, weights: Path | None = None, pages: list[Path] = (),
+           every: float = 0.05) -> None:
     """(seconds, sectors read, reads completed, ms spent reading, requests in flight, (user, system,
-    idle + iowait) jiffies of all CPUs), every ``every`` s."""
+    idle + iowait) jiffies of all CPUs, bytes of ``weights`` and of ``pages`` in the page cache),
+    every ``every`` s."""
     t0 = time.monotonic()
     while not stop.is_set():
+        cached = int(residency_vector(weights).sum()) * PAGE if weights else 0
+        cached_pages = sum(int(residency_vector(p).sum()) for p in pages) * PAGE
         with open("/proc/stat") as f:
             c = [int(x) for x in f.readline().split()[1:8]]
         cpu = (c[0] + c[1], c[2] + c[5] + c[6], c[3] + c[4])
@@ -38,9 +43,14 @@ def sample(dev: str, stop: threading.Event, out: list, every: float = 0.05) -> N
             for line in f:
                 p = line.split()
                 if p[2] == dev:
-                    out.append((round(time.monotonic() - t0, 3), int(p[5]), int(p[3]), int(p[6]), int(p[11]), cpu))
+                    out.append((round(time.monotonic() - t0, 3), int(p[5]), int(p[3]), int(p[6]), int(p[11]), cpu, cached, cached_pages))
                     break
         time.sleep(every)
+
+
+def weights_file(snap: Path) -> Path | None:
+    """The snapshot's flat weights file (the map reload's source), if it has one."""
+    return next(iter(sorted((snap / "weights").glob("*.flat"))), None)
 
 
 def main() -> None:
@@ -60,7 +70,8 @@ def main() -> None:
         drop_caches()
     samples: list = []
     stop = threading.Event()
-    t = threading.Thread(target=sample, args=(block_device(snap), stop, samples), daemon=True)
+    t = threading.Thread(target=sample, args=(block_device(snap), stop, samples, weights_file(snap),
+                                                     sorted((snap / "criu").glob("pages-*.img"))), daemon=True)
     t.start()
     row = one_start(c, img.tag, "restore" if shape is None else "restore+hostwarm", model, snap, layers,
                     host_warm=shape, env=hws.CONTAINER_ENV.get(a.variant))
@@ -74,14 +85,16 @@ def main() -> None:
         busy = [round(j / max(sum(jiffies), 1) * 2, 2) for j in jiffies[:2]]  # cores' worth (of 2)
         rows.append({"t": cur[0], "mib_s": round((cur[1] - prev[1]) * 512 / 2**20 / dt),
                      "reads": cur[2] - prev[2], "inflight": cur[4], "read_mib": round((cur[1] - s0[1]) * 512 / 2**20),
-                     "user_cores": busy[0], "sys_cores": busy[1]})
+                     "user_cores": busy[0], "sys_cores": busy[1], "weights_cached_mib": cur[6] >> 20,
+                     "pages_cached_mib": cur[7] >> 20})
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps({"variant": a.variant, "run": row, "disk": rows}, indent=1))
     print("first token", row.get("first_token_s"), json.dumps({k: round(v, 2) for k, v in (row.get("events") or {}).items()}))
     for r in rows:
         if r["t"] <= (row.get("first_token_s") or 10) + 0.2:
             print(f'{r["t"]:6.2f} {r["mib_s"]:6d} MiB/s {r["reads"]:5d} reads {r["inflight"]:4d} in flight '
-                  f'{r["read_mib"]:6d} MiB  cpu user {r["user_cores"]:.2f} sys {r["sys_cores"]:.2f}')
+                  f'{r["read_mib"]:6d} MiB  cpu user {r["user_cores"]:.2f} sys {r["sys_cores"]:.2f} '
+                  f'cached: weights {r["weights_cached_mib"]:5d} MiB, CRIU pages {r["pages_cached_mib"]:5d} MiB')
 
 
 if __name__ == "__main__":
