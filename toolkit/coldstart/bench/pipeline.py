@@ -17,6 +17,7 @@ from pathlib import Path
 
 import typer
 
+from coldstart.bench.warm import host_cpu_busy_s
 from coldstart.engine.launcher import free_port
 from coldstart.pipeline.events import PHASES, EventName
 
@@ -334,12 +335,6 @@ def kill_restored(pid: int, timeout: float = 30.0) -> None:
     time.sleep(0.3)
 
 
-def _cpu_busy_s() -> float:
-    """Seconds of CPU the whole machine spent busy since boot (/proc/stat: all but idle and iowait)."""
-    f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(f) - f[3] - f[4]) / os.sysconf("SC_CLK_TCK")
-
-
 def restore_from_exec(snap: Path, extra: list[str] | None = None, port: int | None = None) -> dict:
     """One `coldstart restore SNAP --no-serve` as a new process; first token counted from its exec
     (the wall clock just before the spawn) and, for comparison, from the entrypoint's ENTRY_READY
@@ -350,11 +345,11 @@ def restore_from_exec(snap: Path, extra: list[str] | None = None, port: int | No
     tlf = Path(tempfile.mkstemp(suffix=".jsonl")[1])
     argv = [str(Path(sys.executable).with_name("coldstart")), "restore", str(snap), "--no-serve",
             "--port", str(port or free_port()), "--timeline-out", str(tlf), *(extra or [])]
-    busy0 = _cpu_busy_s()
+    busy0 = host_cpu_busy_s()
     t0 = time.time()
     p = subprocess.run(argv, capture_output=True, text=True, timeout=900)
     t_exit = time.time()
-    busy = _cpu_busy_s() - busy0
+    busy = host_cpu_busy_s() - busy0
     events = [json.loads(ln) for ln in tlf.read_text().splitlines() if ln.strip()]
     tlf.unlink()
     ev = {e["name"]: e for e in events}
