@@ -20,6 +20,7 @@ from coldstart.bench.containers import one_start, snapshot_in_container
 from coldstart.bench.criu import drop_caches
 from coldstart.bench.warm import block_device
 from coldstart.containers import docker_api, image
+from coldstart.pipeline.manifest import read_manifest
 from coldstart.warm.residency import PAGE, residency_vector
 
 import host_warm_shape as hws
@@ -27,7 +28,7 @@ import host_warm_shape as hws
 REPO = Path(__file__).resolve().parents[1]
 
 
-def sample(dev: str, stop: threading.Event, out: list, weights: Path | None = None, pages: list[Path] = (),
+def sample(dev: str, stop: threading.Event, out: list, weights: Path | None = None, pages: tuple[Path, ...] = (),
            every: float = 0.05) -> None:
     """(seconds, sectors read, reads completed, ms spent reading, requests in flight, (user, system,
     idle + iowait) jiffies of all CPUs, bytes of ``weights`` and of ``pages`` in the page cache),
@@ -49,8 +50,9 @@ def sample(dev: str, stop: threading.Event, out: list, weights: Path | None = No
 
 
 def weights_file(snap: Path) -> Path | None:
-    """The snapshot's flat weights file (the map reload's source), if it has one."""
-    return next(iter(sorted((snap / "weights").glob("*.flat"))), None)
+    """The snapshot's flat weights file (the map reload's source), as its manifest names it."""
+    m = read_manifest(snap)
+    return snap / m.weights["flat"] if m.weights.get("flat") else None
 
 
 def main() -> None:
@@ -71,7 +73,7 @@ def main() -> None:
     samples: list = []
     stop = threading.Event()
     t = threading.Thread(target=sample, args=(block_device(snap), stop, samples, weights_file(snap),
-                                                     sorted((snap / "criu").glob("pages-*.img"))), daemon=True)
+                                                     tuple(sorted((snap / "criu").glob("pages-*.img")))), daemon=True)
     t.start()
     row = one_start(c, img.tag, "restore" if shape is None else "restore+hostwarm", model, snap, layers,
                     host_warm=shape, env=hws.CONTAINER_ENV.get(a.variant))

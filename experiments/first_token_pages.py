@@ -17,7 +17,6 @@ import argparse
 import bisect
 import json
 import re
-import signal
 import struct
 import subprocess
 import sys
@@ -27,7 +26,6 @@ from pathlib import Path
 import snapshot_anatomy as sa
 from coldstart.bench.criu import drop_caches
 from coldstart.bench.pipeline import kill_restored
-from coldstart.criu.images import _entries, fields
 
 PAGES = re.compile(r"/pages-\d+\.img( \(deleted\))?$")
 MIB = 2**20
@@ -77,12 +75,7 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     d = a.snapshot / "criu"
-    names = sa.file_names(d)
-    procs = {}
-    for raw in _entries(d / "pstree.img"):
-        f = fields(raw)
-        pid = sa.first(f, 1)
-        procs[pid] = sa.read_proc(d, pid, sa.first(f, 2, 0), f.get(5) or [pid], names)
+    procs = {p.pid: p for p in sa.read_procs(d, sa.file_names(d))}
     drop_caches()
     r = subprocess.run([sys.executable, "-m", "coldstart", "restore", str(a.snapshot), "--no-serve", "--no-fallback",
                         "--timeline-out", "/dev/null"], capture_output=True, text=True)

@@ -183,6 +183,16 @@ def read_proc(d: Path, pid: int, ppid: int, threads: list[int], names: dict[int,
     return Proc(pid, ppid, comm, pages.name, pages.stat().st_size, vmas, mm_vmas=len(mm.get(14, [])))
 
 
+def read_procs(d: Path, names: dict[int, str]) -> list[Proc]:
+    """Every process of the dumped tree (pstree.img), with its VMAs."""
+    procs = []
+    for raw in _entries(d / "pstree.img"):
+        f = fields(raw)
+        pid = first(f, 1)
+        procs.append(read_proc(d, pid, first(f, 2, 0), f.get(5) or [pid], names))
+    return procs
+
+
 def scan_pages(d: Path, proc: Proc, seen: dict[bytes, int], bit: int) -> list[tuple[Vma | None, bytes]]:
     """Attribute each dumped page to its VMA and count zero pages; returns (VMA, digest) of the rest.
 
@@ -287,11 +297,7 @@ def main() -> int:
                                        "flush": lambda self: out_stream.flush()})()
     d = args.snapshot / "criu" if (args.snapshot / "criu").is_dir() else args.snapshot
     names = file_names(d)
-    procs: list[Proc] = []
-    for raw in _entries(d / "pstree.img"):
-        f = fields(raw)
-        pid = first(f, 1)
-        procs.append(read_proc(d, pid, first(f, 2, 0), f.get(5) or [pid], names))
+    procs = read_procs(d, names)
     seen: dict[bytes, int] = {}
     digests = [scan_pages(d, p, seen, 1 << i) for i, p in enumerate(procs)]
     for i, (p, pages) in enumerate(zip(procs, digests)):
