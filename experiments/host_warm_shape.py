@@ -24,6 +24,7 @@ from coldstart.bench.containers import one_start, snapshot_in_container
 from coldstart.bench.criu import drop_caches
 from coldstart.containers import docker_api, image
 from coldstart.pipeline.integrity import NodeRecord
+from coldstart.pipeline.manifest import read_manifest
 from coldstart.warm.snapshot import node_profile
 
 MiB = 1 << 20
@@ -114,7 +115,7 @@ def main() -> None:
     a.out.parent.mkdir(parents=True, exist_ok=True)
     with open(a.out, "w") as out:
         # the first restore on this node: verifies, records the access profile the host warms from
-        NodeRecord().forget_all()
+        NodeRecord().forget(snap, read_manifest(snap).files)
         prof = node_profile(snap)
         if prof is not None:
             prof.unlink(missing_ok=True)

@@ -64,6 +64,19 @@ def test_the_node_record_is_dropped_by_any_write(tmp_path):
     assert integrity.verify(snap, files, "off", record=rec)["checked"] == 0
 
 
+def test_forgetting_one_snapshot_keeps_the_others_records(tmp_path):
+    rec = integrity.NodeRecord(tmp_path / "state")
+    snaps = {}
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "weights.flat").write_bytes(os.urandom(CH + 5))
+        snaps[name] = {"weights.flat": _entry(tmp_path / name / "weights.flat")}
+        assert integrity.verify(tmp_path / name, snaps[name], "auto", record=rec)["checked"] == 1
+    assert rec.forget(tmp_path / "a", snaps["a"]) == 1
+    assert integrity.verify(tmp_path / "a", snaps["a"], "auto", record=rec)["checked"] == 1  # a first one again
+    assert integrity.verify(tmp_path / "b", snaps["b"], "auto", record=rec)["skipped"] == 1  # b still known
+
+
 def test_sparse_copy_and_data_extents_skip_holes(tmp_path):
     """vLLM's /dev/shm buffers are long sparse files: the copy and the host's early reads see only
     their data runs (fsutil.data_extents), and the copy's bytes equal the source's."""

@@ -153,6 +153,7 @@ def run_bench(c, image: str, cases: list[tuple[str, Path, Path]], *, reps: int, 
     from coldstart.containers.docker_api import image_layers
     from coldstart.bench.criu import drop_caches
     from coldstart.pipeline.integrity import NodeRecord
+    from coldstart.pipeline.manifest import read_manifest
     from coldstart.warm.snapshot import node_profile
 
     layers = image_layers(c, image)
@@ -164,7 +165,7 @@ def run_bench(c, image: str, cases: list[tuple[str, Path, Path]], *, reps: int, 
         # the first restore of a snapshot on a node verifies every file and records the access
         # profile (both kept in the node dir for later replicas): not the steady state, kept apart.
         # The node forgets both first, so that it is the first here.
-        NodeRecord().forget_all()
+        NodeRecord().forget(snap, read_manifest(snap).files)
         prof = node_profile(snap)
         if prof is not None:
             prof.unlink(missing_ok=True)

@@ -407,7 +407,7 @@ def bench_artifact(
                 for pos, vm in enumerate(order):
                     extra = verify_modes[vm]
                     if vm == "first-on-node":
-                        integrity.NodeRecord().forget_all()
+                        integrity.NodeRecord().forget(snap, m.files)
                     if cache == "dropped":
                         drop_caches()
                     else:

@@ -131,11 +131,18 @@ class NodeRecord:
                  hashlib.sha256("".join(chunks).encode()).hexdigest())
         return xxhash.xxh3_128(repr(ident).encode()).hexdigest()
 
-    def forget_all(self) -> None:
-        """Drop every record: the next restore of any snapshot verifies it as a first one would."""
-        import shutil
-
-        shutil.rmtree(self.root, ignore_errors=True)
+    def forget(self, snapshot_dir: Path, files: dict) -> int:
+        """Drop the records of one snapshot's files (``files``: the manifest's rel -> FileEntry): its
+        next restore verifies it as a first one would, other snapshots on the node keep theirs.
+        Returns the records removed."""
+        n = 0
+        for rel, fe in files.items():
+            try:
+                (self.root / self._key(Path(snapshot_dir) / rel, fe.xxh3, list(fe.chunks))).unlink()
+                n += 1
+            except OSError:
+                pass
+        return n
 
     def has(self, path: Path, xxh3: str, chunks: list[str]) -> bool:
         try:

@@ -8,10 +8,28 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 
-from coldstart.warm.base import NullWarmer, Range, WarmStats, Warmer
-from coldstart.warm.residency import ResidencySampler, evict, expand_paths, resident_bytes
+
+def _import_numpy_without_blas_threads() -> None:
+    """Import numpy with OpenBLAS limited to one thread. Warming does no linear algebra, but OpenBLAS
+    starts a thread per CPU at load that spins for a while: ~0.09 CPU-s during a restore's entrypoint
+    on 2 cores (a whole-machine profile). The variable is set only around the import, so a process
+    started later (a cold boot's vLLM) does not inherit it; numpy already loaded is left as it is."""
+    if "numpy" in sys.modules or "OPENBLAS_NUM_THREADS" in os.environ:
+        return
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    try:
+        import numpy  # noqa: F401
+    finally:
+        del os.environ["OPENBLAS_NUM_THREADS"]
+
+
+_import_numpy_without_blas_threads()
+
+from coldstart.warm.base import NullWarmer, Range, WarmStats, Warmer  # noqa: E402
+from coldstart.warm.residency import ResidencySampler, evict, expand_paths, resident_bytes  # noqa: E402
 
 __all__ = ["start_warming", "make_warmer", "warm_modes", "default_profile", "Warmer", "WarmStats", "Range",
            "ResidencySampler", "resident_bytes", "evict", "MODES"]
