@@ -1,0 +1,86 @@
+"""Is the set of image pages a restore needs the same from one restore to the next?
+
+Restores SNAPSHOT ``--reps`` times (page cache dropped, `coldstart restore --no-serve`) and reads, at
+READY, each restored process's page table over its pages-*.img mappings: the pages written (copied
+on write, so certainly touched) and the 64 KiB blocks mapped at all. Prints each set's size and its
+overlap with the previous restore's (intersection / union), per process by its PID in the restore's
+namespace (CRIU keeps the dumped PIDs). A stable set is what storing the needed pages together
+(diet-executor README, "The floors") would rely on.
+
+    cd experiments && ../.venv/bin/python hot_set_stability.py SNAPSHOT --reps 4 --out OUT.jsonl
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import struct
+import subprocess
+from pathlib import Path
+
+import psutil
+
+from coldstart.bench.criu import drop_caches
+from coldstart.bench.pipeline import kill_restored
+from diet_floor import CLI, PAGES
+from first_token_pages import ns_pid
+
+
+def page_sets(root: int) -> tuple[set, set]:
+    """(written pages, mapped 64 KiB blocks) as (namespace PID, page or block number) pairs."""
+    written, blocks = set(), set()
+    for pid in [root, *(c.pid for c in psutil.Process(root).children(recursive=True))]:
+        try:
+            nspid = ns_pid(pid)
+            maps = open(f"/proc/{pid}/maps").read().splitlines()
+            pm = open(f"/proc/{pid}/pagemap", "rb")
+        except OSError:
+            continue
+        with pm:
+            for line in maps:
+                f = line.split()
+                if len(f) < 6 or not PAGES.search(f[5]):
+                    continue
+                a, b = (int(x, 16) >> 12 for x in f[0].split("-"))
+                pm.seek(a * 8)
+                for i, e in enumerate(struct.unpack(f"{b - a}Q", pm.read((b - a) * 8))):
+                    if e >> 63 & 1:
+                        blocks.add((nspid, (a + i) >> 4))
+                        if not e >> 61 & 1:
+                            written.add((nspid, a + i))
+    return written, blocks
+
+
+def overlap(x: set, y: set) -> float:
+    return round(len(x & y) / len(x | y), 4) if x | y else 1.0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("snapshot", type=Path)
+    ap.add_argument("--reps", type=int, default=4)
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args()
+    prev = None
+    with open(a.out, "w") as out:
+        for rep in range(a.reps):
+            drop_caches()
+            p = subprocess.run([*CLI, "restore", str(a.snapshot), "--no-serve", "--no-fallback"],
+                               capture_output=True, text=True, timeout=600)
+            summ = next((json.loads(x) for x in reversed(p.stdout.splitlines()) if x.startswith('{"url"')), {})
+            if not summ.get("pid"):
+                raise SystemExit(f"restore {rep} failed: {(p.stderr or p.stdout).strip()[-400:]}")
+            root = int(summ["pid"])
+            cur = page_sets(root)
+            kill_restored(root)
+            row = {"rep": rep, "written_pages": len(cur[0]), "mapped_blocks_64k": len(cur[1])}
+            if prev is not None:
+                row.update(written_overlap_with_previous=overlap(cur[0], prev[0]),
+                           blocks_overlap_with_previous=overlap(cur[1], prev[1]),
+                           written_new_vs_previous=len(cur[0] - prev[0]))
+            prev = cur
+            print(json.dumps(row), flush=True)
+            out.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
