@@ -7,20 +7,29 @@ overlap with the previous restore's (intersection / union), per process by its P
 namespace (CRIU keeps the dumped PIDs). A stable set is what storing the needed pages together
 (diet-executor README, "The floors") would rely on.
 
+``--no-readahead``: the exact set. The disk's ``read_ahead_kb`` is 0 for the restores (put back
+after) and the restore does not warm, so every fault on the images reads its own page and the
+kernel's fault-around can only map pages some fault already read: what is mapped is what was
+touched. Slow (one read per page), a measurement only. It changes a host-wide setting: run it on a
+machine to itself.
+
     cd experiments && ../.venv/bin/python hot_set_stability.py SNAPSHOT --reps 4 --out OUT.jsonl
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import struct
 import subprocess
+import time
 from pathlib import Path
 
 import psutil
 
 from coldstart.bench.criu import drop_caches
 from coldstart.bench.pipeline import kill_restored
+from coldstart.bench.warm import block_device
 from diet_floor import CLI, PAGES
 from first_token_pages import ns_pid
 
@@ -50,6 +59,24 @@ def page_sets(root: int) -> tuple[set, set]:
     return written, blocks
 
 
+@contextlib.contextmanager
+def readahead_kb(path: Path, kb: int | None):
+    """The read_ahead_kb of the disk holding ``path`` set to ``kb`` for the block (None: unchanged)."""
+    if kb is None:
+        yield
+        return
+    dev = Path("/sys/class/block") / block_device(path)
+    knob = (dev.parent if (dev / "partition").exists() else dev).resolve() / "queue" / "read_ahead_kb"
+    if not knob.exists():
+        knob = Path("/sys/block") / dev.resolve().parent.name / "queue" / "read_ahead_kb"
+    old = knob.read_text().strip()
+    knob.write_text(str(kb))
+    try:
+        yield
+    finally:
+        knob.write_text(old)
+
+
 def overlap(x: set, y: set) -> float:
     return round(len(x & y) / len(x | y), 4) if x | y else 1.0
 
@@ -58,21 +85,28 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("snapshot", type=Path)
     ap.add_argument("--reps", type=int, default=4)
+    ap.add_argument("--no-readahead", action="store_true", help="the exact set (see above): slow")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     prev = None
-    with open(a.out, "w") as out:
+    extra = ["--no-warm"] if a.no_readahead else []
+    with open(a.out, "w") as out, readahead_kb(a.snapshot, 0 if a.no_readahead else None):
         for rep in range(a.reps):
             drop_caches()
-            p = subprocess.run([*CLI, "restore", str(a.snapshot), "--no-serve", "--no-fallback"],
-                               capture_output=True, text=True, timeout=600)
+            t0 = time.monotonic()
+            p = subprocess.run([*CLI, "restore", str(a.snapshot), "--no-serve", "--no-fallback", *extra],
+                               capture_output=True, text=True, timeout=900)
+            wall = time.monotonic() - t0
             summ = next((json.loads(x) for x in reversed(p.stdout.splitlines()) if x.startswith('{"url"')), {})
             if not summ.get("pid"):
                 raise SystemExit(f"restore {rep} failed: {(p.stderr or p.stdout).strip()[-400:]}")
             root = int(summ["pid"])
             cur = page_sets(root)
             kill_restored(root)
-            row = {"rep": rep, "written_pages": len(cur[0]), "mapped_blocks_64k": len(cur[1])}
+            ft = (summ.get("attrs") or {}).get("FIRST_TOKEN") or {}
+            row = {"rep": rep, "no_readahead": a.no_readahead, "restore_wall_s": round(wall, 2),
+                   "pages_mapped_bytes": ft.get("pages_mapped_bytes"), "pages_written_bytes": ft.get("pages_written_bytes"),
+                   "written_pages": len(cur[0]), "mapped_blocks_64k": len(cur[1])}
             if prev is not None:
                 row.update(written_overlap_with_previous=overlap(cur[0], prev[0]),
                            blocks_overlap_with_previous=overlap(cur[1], prev[1]),
