@@ -13,6 +13,11 @@ kernel's fault-around can only map pages some fault already read: what is mapped
 touched. Slow (one read per page), a measurement only. It changes a host-wide setting: run it on a
 machine to itself.
 
+Also at READY: the bytes of pages-*.img in the page cache (what was read of the images, by the
+warmer, CRIU or the faults' readahead) beside the bytes of them the node's access profile names
+(what the warmer was asked for first). ``--restore-arg`` passes options to the restore (e.g.
+``--warm-rest=never``: nothing past the profile is warmed, so the difference is readahead).
+
     cd experiments && ../.venv/bin/python hot_set_stability.py SNAPSHOT --reps 4 --out OUT.jsonl
 """
 from __future__ import annotations
@@ -30,6 +35,8 @@ import psutil
 from coldstart.bench.criu import drop_caches
 from coldstart.bench.pipeline import kill_restored
 from coldstart.bench.warm import block_device
+from coldstart.warm.residency import resident_bytes
+from coldstart.warm.snapshot import node_profile
 from diet_floor import CLI, PAGES
 from first_token_pages import ns_pid
 
@@ -77,6 +84,14 @@ def readahead_kb(path: Path, kb: int | None):
         knob.write_text(old)
 
 
+def profile_pages_bytes(snap: Path) -> int | None:
+    """Bytes of pages-*.img ranges in the node's access profile of ``snap``."""
+    prof = node_profile(snap)
+    if prof is None or not prof.exists():
+        return None
+    return sum(r["length"] for r in json.loads(prof.read_text())["ranges"] if PAGES.search("/" + r["file"]))
+
+
 def overlap(x: set, y: set) -> float:
     return round(len(x & y) / len(x | y), 4) if x | y else 1.0
 
@@ -86,10 +101,11 @@ def main() -> None:
     ap.add_argument("snapshot", type=Path)
     ap.add_argument("--reps", type=int, default=4)
     ap.add_argument("--no-readahead", action="store_true", help="the exact set (see above): slow")
+    ap.add_argument("--restore-arg", action="append", default=[], help="passed to `coldstart restore` (repeatable)")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     prev = None
-    extra = ["--no-warm"] if a.no_readahead else []
+    extra = (["--no-warm"] if a.no_readahead else []) + a.restore_arg
     with open(a.out, "w") as out, readahead_kb(a.snapshot, 0 if a.no_readahead else None):
         for rep in range(a.reps):
             drop_caches()
@@ -102,11 +118,14 @@ def main() -> None:
                 raise SystemExit(f"restore {rep} failed: {(p.stderr or p.stdout).strip()[-400:]}")
             root = int(summ["pid"])
             cur = page_sets(root)
+            resident = sum(resident_bytes(f)[0] for f in (a.snapshot / "criu").glob("pages-*.img"))
             kill_restored(root)
             ft = (summ.get("attrs") or {}).get("FIRST_TOKEN") or {}
             row = {"rep": rep, "no_readahead": a.no_readahead, "restore_wall_s": round(wall, 2),
                    "pages_mapped_bytes": ft.get("pages_mapped_bytes"), "pages_written_bytes": ft.get("pages_written_bytes"),
-                   "written_pages": len(cur[0]), "mapped_blocks_64k": len(cur[1])}
+                   "written_pages": len(cur[0]), "mapped_blocks_64k": len(cur[1]),
+                   "pages_files_cached_bytes": resident, "profile_pages_bytes": profile_pages_bytes(a.snapshot),
+                   "restore_args": extra}
             if prev is not None:
                 row.update(written_overlap_with_previous=overlap(cur[0], prev[0]),
                            blocks_overlap_with_previous=overlap(cur[1], prev[1]),
