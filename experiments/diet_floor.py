@@ -119,10 +119,18 @@ def live(model: Path, work: Path) -> dict:
         shutil.rmtree(run, ignore_errors=True)
 
 
-def image_pages(root: int) -> dict:
-    """Present pages of the restored tree's pages-*.img mappings: written (anonymous) and mapped from
-    the file, and the 64 KiB blocks they fall in."""
-    written = mapped = blocks = full = 0
+def restore_live(snap: Path, extra: list[str] = (), timeout: float = 900) -> tuple[dict, subprocess.CompletedProcess]:
+    """`coldstart restore SNAP --no-serve --no-fallback` (the server left running): its summary line
+    ({} when it printed none) and the finished process."""
+    p = subprocess.run([*CLI, "restore", str(snap), "--no-serve", "--no-fallback", *extra],
+                       capture_output=True, text=True, timeout=timeout)
+    return next((json.loads(x) for x in reversed(p.stdout.splitlines()) if x.startswith('{"url"')), {}), p
+
+
+def image_pages_present(root: int):
+    """Each present page of the restored tree's pages-*.img mappings, from /proc/PID/pagemap:
+    (pid, the mapping's first page, image file name, page number, offset in the image, written),
+    written meaning copied on write (anonymous) rather than mapped from the file."""
     for pid in [root, *(c.pid for c in psutil.Process(root).children(recursive=True))]:
         try:
             maps = open(f"/proc/{pid}/maps").read().splitlines()
@@ -135,17 +143,24 @@ def image_pages(root: int) -> dict:
                 if len(f) < 6 or not PAGES.search(f[5]):
                     continue
                 a, b = (int(x, 16) >> 12 for x in f[0].split("-"))
+                off, name = int(f[2], 16), Path(f[5]).name
                 pm.seek(a * 8)
-                per_block: dict[int, int] = {}
                 for i, e in enumerate(struct.unpack(f"{b - a}Q", pm.read((b - a) * 8))):
                     if e >> 63 & 1:
-                        mapped += e >> 61 & 1
-                        written += not e >> 61 & 1
-                        per_block[(a + i) >> 4] = per_block.get((a + i) >> 4, 0) + 1
-                blocks += len(per_block)
-                full += sum(1 for n in per_block.values() if n == 16)
-    return {"written_bytes": written * 4096, "mapped_from_file_bytes": mapped * 4096, "blocks_64k": blocks,
-            "full_blocks_64k": full}
+                        yield pid, a, name, a + i, off + i * 4096, not e >> 61 & 1
+
+
+def image_pages(root: int) -> dict:
+    """Present pages of the restored tree's pages-*.img mappings: written (anonymous) and mapped from
+    the file, and the 64 KiB blocks of each mapping they fall in."""
+    written = mapped = 0
+    per_block: dict[tuple[int, int, int], int] = {}
+    for pid, vma, _, page, _, w in image_pages_present(root):
+        written += w
+        mapped += not w
+        per_block[(pid, vma, page >> 4)] = per_block.get((pid, vma, page >> 4), 0) + 1
+    return {"written_bytes": written * 4096, "mapped_from_file_bytes": mapped * 4096, "blocks_64k": len(per_block),
+            "full_blocks_64k": sum(1 for n in per_block.values() if n == 16)}
 
 
 def snapshot(model: Path, work: Path, restores: int) -> dict:
@@ -159,9 +174,7 @@ def snapshot(model: Path, work: Path, restores: int) -> dict:
         drop_caches()
         tl = work / f"timeline-{i}.jsonl"
         tl.unlink(missing_ok=True)
-        p = subprocess.run([*CLI, "restore", str(snap), "--no-serve", "--no-fallback", "--timeline-out", str(tl)],
-                           capture_output=True, text=True, timeout=600)
-        summ = next((json.loads(x) for x in reversed(p.stdout.splitlines()) if x.startswith('{"url"')), {})
+        summ, _ = restore_live(snap, ["--timeline-out", str(tl)], timeout=600)
         mapped = next((json.loads(x).get("attrs", {}).get("pages_mapped_bytes") for x in tl.read_text().splitlines()
                        if json.loads(x)["name"] == "FIRST_TOKEN"), None) if tl.exists() else None
         row["pages_mapped_bytes"].append(mapped)

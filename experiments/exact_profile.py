@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import struct
-import subprocess
 from pathlib import Path
 
 from coldstart.bench.criu import drop_caches
@@ -26,41 +24,21 @@ from coldstart.bench.pipeline import kill_restored, restore_from_exec
 from coldstart.bench.warm import block_device, device_read_bytes
 from coldstart.warm.residency import resident_bytes
 from coldstart.warm.snapshot import node_profile
-from diet_floor import CLI, PAGES
+from diet_floor import PAGES, image_pages_present, restore_live
 from hot_set_stability import readahead_kb
-
-import psutil
 
 
 def exact_pages(snap: Path) -> dict[str, list[int]]:
     """Image file (relative to the snapshot) -> sorted page offsets a restore touched."""
     drop_caches()
     with readahead_kb(snap, 0):
-        p = subprocess.run([*CLI, "restore", str(snap), "--no-serve", "--no-fallback", "--no-warm"],
-                           capture_output=True, text=True, timeout=900)
-    summ = next((json.loads(x) for x in reversed(p.stdout.splitlines()) if x.startswith('{"url"')), {})
+        summ, p = restore_live(snap, ["--no-warm"])
     if not summ.get("pid"):
         raise SystemExit(f"recording restore failed: {(p.stderr or p.stdout).strip()[-400:]}")
     root = int(summ["pid"])
     pages: dict[str, set[int]] = {}
-    for pid in [root, *(c.pid for c in psutil.Process(root).children(recursive=True))]:
-        try:
-            maps = open(f"/proc/{pid}/maps").read().splitlines()
-            pm = open(f"/proc/{pid}/pagemap", "rb")
-        except OSError:
-            continue
-        with pm:
-            for line in maps:
-                f = line.split()
-                if len(f) < 6 or not PAGES.search(f[5]):
-                    continue
-                rel = "criu/" + Path(f[5]).name
-                a, b = (int(x, 16) >> 12 for x in f[0].split("-"))
-                off = int(f[2], 16)
-                pm.seek(a * 8)
-                for i, e in enumerate(struct.unpack(f"{b - a}Q", pm.read((b - a) * 8))):
-                    if e >> 63 & 1:
-                        pages.setdefault(rel, set()).add(off + i * 4096)
+    for _, _, name, _, off, _ in image_pages_present(root):
+        pages.setdefault("criu/" + name, set()).add(off)
     kill_restored(root)
     return {k: sorted(v) for k, v in pages.items()}
 

@@ -25,44 +25,26 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import struct
-import subprocess
 import time
 from pathlib import Path
-
-import psutil
 
 from coldstart.bench.criu import drop_caches
 from coldstart.bench.pipeline import kill_restored
 from coldstart.bench.warm import block_device
 from coldstart.warm.residency import resident_bytes
 from coldstart.warm.snapshot import node_profile
-from diet_floor import CLI, PAGES
+from diet_floor import PAGES, image_pages_present, restore_live
 from first_token_pages import ns_pid
 
 
 def page_sets(root: int) -> tuple[set, set]:
     """(written pages, mapped 64 KiB blocks) as (namespace PID, page or block number) pairs."""
-    written, blocks = set(), set()
-    for pid in [root, *(c.pid for c in psutil.Process(root).children(recursive=True))]:
-        try:
-            nspid = ns_pid(pid)
-            maps = open(f"/proc/{pid}/maps").read().splitlines()
-            pm = open(f"/proc/{pid}/pagemap", "rb")
-        except OSError:
-            continue
-        with pm:
-            for line in maps:
-                f = line.split()
-                if len(f) < 6 or not PAGES.search(f[5]):
-                    continue
-                a, b = (int(x, 16) >> 12 for x in f[0].split("-"))
-                pm.seek(a * 8)
-                for i, e in enumerate(struct.unpack(f"{b - a}Q", pm.read((b - a) * 8))):
-                    if e >> 63 & 1:
-                        blocks.add((nspid, (a + i) >> 4))
-                        if not e >> 61 & 1:
-                            written.add((nspid, a + i))
+    written, blocks, ns = set(), set(), {}
+    for pid, _, _, page, _, w in image_pages_present(root):
+        nspid = ns[pid] if pid in ns else ns.setdefault(pid, ns_pid(pid))
+        blocks.add((nspid, page >> 4))
+        if w:
+            written.add((nspid, page))
     return written, blocks
 
 
@@ -110,10 +92,8 @@ def main() -> None:
         for rep in range(a.reps):
             drop_caches()
             t0 = time.monotonic()
-            p = subprocess.run([*CLI, "restore", str(a.snapshot), "--no-serve", "--no-fallback", *extra],
-                               capture_output=True, text=True, timeout=900)
+            summ, p = restore_live(a.snapshot, extra)
             wall = time.monotonic() - t0
-            summ = next((json.loads(x) for x in reversed(p.stdout.splitlines()) if x.startswith('{"url"')), {})
             if not summ.get("pid"):
                 raise SystemExit(f"restore {rep} failed: {(p.stderr or p.stdout).strip()[-400:]}")
             root = int(summ["pid"])
