@@ -36,6 +36,7 @@ from coldstart.bench.pipeline import kill_restored
 from coldstart.engine.client import EngineClient
 from coldstart.engine.launcher import EngineSpec, free_port, start_engine
 from coldstart.pipeline.checkpoint import reload_weights, _weights_entry
+from first_token_pages import restored_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = [str(ROOT / ".venv" / "bin" / "coldstart")]
@@ -131,7 +132,7 @@ def image_pages_present(root: int):
     """Each present page of the restored tree's pages-*.img mappings, from /proc/PID/pagemap:
     (pid, the mapping's first page, image file name, page number, offset in the image, written),
     written meaning copied on write (anonymous) rather than mapped from the file."""
-    for pid in [root, *(c.pid for c in psutil.Process(root).children(recursive=True))]:
+    for pid in restored_tree(root):
         try:
             maps = open(f"/proc/{pid}/maps").read().splitlines()
             pm = open(f"/proc/{pid}/pagemap", "rb")
