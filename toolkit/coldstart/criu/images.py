@@ -148,6 +148,8 @@ def check_pages(images_dir: str | Path) -> int:
             raise ColdstartError(f"{pages} does not match {pm.name}: {what}, the pagemap says {want} bytes "
                                  "(truncated or corrupt image)")
         total += want
+    if (d / "parent").is_dir():  # the hot layout (criu/layout.py): every page is in the parent
+        total += check_pages(d / "parent")
     return total
 
 
@@ -163,10 +165,11 @@ def read_runs(images_dir: str | Path, min_kb: int = MMAP_MIN_KB) -> list[tuple[P
     Why: the restorer reads them one preadv after another (thousands, tens of KiB each: 2855 reads,
     109 MiB for the bench model); cold, each waits on the disk (results/spot-checks/criu-read-ahead).
     Asked for at once (WILLNEED), they arrive in parallel. A hint: runs of file-backed and jemalloc
-    tasks' memory, also read, are not all named."""
+    tasks' memory, also read, are not all named. In the hot layout (criu/layout.py) the restorer reads
+    every run of the child's images, whatever its size."""
     d = Path(images_dir)
     out: list[tuple[Path, int, int]] = []
-    limit = min_kb * 1024
+    limit = min_kb * 1024 if not (d / "parent").is_dir() else 1 << 62
     for pm in sorted(d.glob("pagemap-*.img")):
         try:
             pagemap = _pagemap_runs(pm)

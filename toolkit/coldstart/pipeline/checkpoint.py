@@ -26,6 +26,7 @@ from coldstart.criu import caps
 from coldstart.criu import server as _criu
 from coldstart.errors import ColdstartError
 from coldstart.fsutil import fsync_dir, fsync_tree
+from coldstart.pipeline.layout import RecordingFailed, make_hot
 from coldstart.pipeline import canary as canary_mod
 from coldstart.pipeline import affinity, hostfacts
 from coldstart.pipeline.events import EventName, Timeline
@@ -53,6 +54,9 @@ class CheckpointOptions:
     sleep: bool | None = None  # None: sleep level 2 when our CPU sleep worker is installed
     served_model_name: str | None = None
     server_caps: str = "keep"  # keep (the checkpoint's own) | none (launcher.EngineSpec.drop_caps)
+    # hot: a recording restore, then the pages it touched stored apart from the rest (pipeline/layout.py;
+    # patched criu only) | dumped: the images as CRIU wrote them
+    layout: str = "hot"
 
 
 def sleep_worker_available() -> bool:
@@ -133,6 +137,11 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
         raise ColdstartError(f"model {model} not found (expected a Hugging Face model dir with config.json)")
     if opts.server_caps not in ("keep", "none"):
         raise ColdstartError(f"--server-caps must be keep or none, not {opts.server_caps!r}")
+    if opts.layout not in ("hot", "dumped"):
+        raise ColdstartError(f"--layout must be hot or dumped, not {opts.layout!r}")
+    if opts.layout == "hot" and opts.criu_variant != "patched":
+        raise ColdstartError("--layout hot needs the patched criu (its recording restore and parent-image mapping); "
+                             "use --layout dumped with --criu-variant stock")
     criu = _criu.find(opts.criu_variant)  # fail before spending a minute on the engine
     host = hostfacts.collect(criu)
     if not port_free("127.0.0.1", opts.port):
@@ -253,8 +262,19 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
         )
         m.timings = {e.name: e.t for e in tl.events}
         m.timings["kv_cache_bytes"] = opts.kv_cache_bytes
+        write_manifest(staging, m)
+        if opts.layout == "hot" and m.asleep:
+            say("hot layout: a recording restore, then the pages it touched stored together")
+            try:
+                files, m.layout = make_hot(staging, files, say=say)
+            except RecordingFailed as e:  # an optimisation: the snapshot restores as dumped
+                say(f"hot layout skipped, the images stay as dumped: {e}")
+            else:
+                m.files = files
+                tl.mark(EventName.HOT_LAYOUT, **m.layout)
         tl.mark(EventName.PUBLISHED, bytes=sum(f.size for f in files.values()))
         m.timings = {e.name: e.t for e in tl.events}
+        m.timings["kv_cache_bytes"] = opts.kv_cache_bytes
         write_manifest(staging, m)
         _publish(staging, out)
         published = True

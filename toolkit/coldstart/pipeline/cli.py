@@ -29,6 +29,9 @@ def checkpoint_cmd(
     server_caps: str = typer.Option("keep", help="keep: the server gets this process's capabilities | none: "
                                     "it runs with none (the snapshot then restores in a least-privilege container: "
                                     "CRIU gives the server back its dumped set)."),
+    layout: str = typer.Option("hot", help="hot: restore the snapshot once, recording the CRIU pages it touches "
+                               "before its first token, and store those together (a restore reads them in one "
+                               "pass, the rest is mapped lazily) | dumped: the images as CRIU wrote them."),
     timeline_out: Optional[Path] = typer.Option(None, help="Append the timing events (jsonl) here."),
 ) -> None:
     """Snapshot a warmed-up vLLM server of MODEL; extra args after `--` go to vLLM."""
@@ -40,7 +43,7 @@ def checkpoint_cmd(
     opts = CheckpointOptions(model=model, out=out, port=port, engine_args=list(ctx.args), canary_prompt=canary,
                              kv_cache_bytes=kv_cache_bytes, criu_variant=criu_variant,
                              sleep=False if no_sleep else None, canary_kind=canary_kind, reload_mode=reload_mode,
-                             server_caps=server_caps)
+                             server_caps=server_caps, layout=layout)
     m, tl = checkpoint(opts, say=_say)
     Console(stderr=True).print(tl.table())
     if timeline_out:
@@ -64,6 +67,7 @@ def inspect_cmd(snapshot: Path = typer.Argument(...), verify: bool = typer.Optio
     problems = validate_against_host(m, snapshot, verify=verify)
     print(json.dumps({"model": m.model, "created_at": m.created_at, "vllm": m.host.get("vllm"),
                       "bytes": sum(f.size for f in m.files.values()), "canary": m.canary.text,
+                      "layout": {"hot": m.layout} if m.layout else "dumped",
                       "fits_this_host": not problems, "problems": problems}, indent=1))
     if problems:
         raise typer.Exit(1)

@@ -44,6 +44,7 @@ class EventName(str, Enum):
     WEIGHTS_DUMPED = "WEIGHTS_DUMPED"
     ASLEEP = "ASLEEP"
     CRIU_DUMPED = "CRIU_DUMPED"
+    HOT_LAYOUT = "HOT_LAYOUT"  # recording restore done, images split (pipeline/layout.py)
     PUBLISHED = "PUBLISHED"
 
 

@@ -87,6 +87,9 @@ class Manifest:
     # xxh3_128 of coldstart's own Python sources at checkpoint: the restored worker runs *that* code
     # (it is in the CRIU image), whatever coldstart is installed at restore time ("" = not recorded)
     coldstart_code: str = ""
+    # the images' hot layout (pipeline/layout.py): {"child_bytes", "parent_bytes", "recording_restore_s"};
+    # empty: the images as CRIU dumped them
+    layout: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     created_at: str = ""
     schema_version: int = SCHEMA_VERSION
@@ -162,11 +165,16 @@ def inventory(snapshot_dir: Path, digests: bool = True) -> dict[str, FileEntry]:
         rel = str(p.relative_to(snapshot_dir))
         if rel == MANIFEST_NAME or rel.endswith(".tmp"):
             continue
-        st = p.stat()
-        d = file_digests(p) if digests else None
-        out[rel] = FileEntry(size=st.st_size, xxh3=d.xxh3 if d else "", chunks=list(d.chunks) if d else [],
-                             mode=st.st_mode & 0o7777)
+        out[rel] = file_entry(p, digests)
     return out
+
+
+def file_entry(p: Path, digests: bool = True) -> FileEntry:
+    """One file's manifest entry: size, mode and (``digests``) its digests."""
+    st = p.stat()
+    d = file_digests(p) if digests else None
+    return FileEntry(size=st.st_size, xxh3=d.xxh3 if d else "", chunks=list(d.chunks) if d else [],
+                     mode=st.st_mode & 0o7777)
 
 
 def write_manifest(snapshot_dir: Path, m: Manifest) -> Path:

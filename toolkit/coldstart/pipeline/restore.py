@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from coldstart.criu import caps
+from coldstart.criu import layout as _layout
 from coldstart.criu import server as _criu
 from coldstart.criu.restore import alive
 from coldstart.engine.launcher import client_host, free_port
@@ -75,6 +76,9 @@ class RestoreOptions:
     # after READY, weights reloaded by mapping the flat file are copied into anonymous memory in the
     # background (the worker's coldstart_settle): a restored server then serves as fast as a stock one
     settle: bool = True
+    # a recording restore (pipeline/layout.py): CRIU without readahead on the images, every run mapped,
+    # so the pages present at the first token are the pages the restore touched
+    record_pages: bool = False
 
 
 @dataclass
@@ -460,7 +464,9 @@ class _BackgroundWarm:
 
 
 def warm_paths(snap: Path, m: Manifest) -> list[Path]:
-    """What a restore of ``snap`` reads in bulk, in warming order: the pages images, then the weights."""
+    """What a restore of ``snap`` reads in bulk, in warming order: the pages images, then the weights.
+    In the hot layout (m.layout) those pages images hold what the restore touches; the parent's
+    are mapped lazily and never warmed (most of them are never touched)."""
     paths = sorted((snap / "criu").glob("pages-*.img"))
     if m.weights.get("flat"):
         paths.append(snap / m.weights["flat"])
@@ -490,8 +496,9 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say, r
         # Every program this process runs is started before its threads: an exec from a vfork'd
         # child while other threads ran failed once in ~120 restores ("Bad address").
         old_pids = {int(d) for d in os.listdir("/proc") if d.isdigit()}  # before the restored tree
-        popen = _criu_start(criu, mmap, snap, m, st, tl, undo, rt)
-        ahead = ReadAhead(snap / "criu") if mmap and os.environ.get(READ_AHEAD_ENV, "1") != "0" else None
+        popen = _criu_start(criu, mmap, snap, m, st, tl, undo, rt, record_pages=opts.record_pages)
+        ahead = (ReadAhead(snap / "criu") if mmap and os.environ.get(READ_AHEAD_ENV, "1") != "0" and not opts.record_pages
+                 else None)
         checks = _start_verify(snap, m, opts, tl)
         try:
             warmer = (_start_warming(snap, m, tl, opts, rt.remap if rt is not None else None, old_pids,
@@ -505,7 +512,7 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say, r
             if ahead is not None:
                 tl.get(EventName.RESTORE_DONE).attrs.update(ahead.result())
             check_url, base_url, fwd, check_fwd = _connect(eng, m, st, opts, undo)
-            client = _wait_server(eng, check_url, opts, tl, m, say)
+            client = _wait_server(eng, check_url, opts, tl, m, say, checks)
             _wake_and_reload(client, snap, m, opts, tl, warmer is not None)
             text = _canary(client, m, tl, checks)
             if fwd is not None:  # checked: clients may come in now
@@ -579,8 +586,10 @@ class _Checks:
     def __init__(self, snap: Path, m: Manifest, mode: str, tl: Timeline):
         self.snap, self.mode, self.tl = snap, mode, tl
         used = {rel: fe for rel, fe in m.files.items() if not rel.startswith("checkpoint-logs/")}
-        meta = {rel for rel in used if rel.startswith("criu/") and not rel.startswith("criu/pages-")}
-        self._groups = [{r: used[r] for r in meta}, {r: fe for r, fe in used.items() if r not in meta}]
+        meta = {rel for rel in used if rel.startswith("criu/") and not Path(rel).name.startswith("pages-")}
+        # then the pages a restore touches first (the hot layout's child images), then the rest
+        rest = sorted((r for r in used if r not in meta), key=lambda r: not r.startswith("criu/pages-"))
+        self._groups = [{r: used[r] for r in meta}, {r: used[r] for r in rest}]
         self.t0 = time.monotonic()
         self.seconds = 0.0
         self._error: BaseException | None = None
@@ -681,7 +690,7 @@ def _claim_port(addr: str, port: int):
 
 
 def _criu_start(criu: str, mmap: bool, snap: Path, m: Manifest, st: RestoreState, tl: Timeline,
-                undo: contextlib.ExitStack, rt: Runtime | None = None) -> subprocess.Popen:
+                undo: contextlib.ExitStack, rt: Runtime | None = None, record_pages: bool = False) -> subprocess.Popen:
     """Start CRIU restoring the tree in its namespaces (netns.wrap_argv)."""
     argv = _criu.restore_argv(criu, snap / "criu", st.criu_dir, mmap_pages=mmap)
     shm = {snap / "shm" / n: m.shm_modes.get(n, 0o600) for n in m.shm_files if (snap / "shm" / n).exists()}
@@ -693,6 +702,8 @@ def _criu_start(criu: str, mmap: bool, snap: Path, m: Manifest, st: RestoreState
                      binds={rt.tree: rt.at} if rt is not None else None)
     tl.mark(EventName.RESTORE_ISSUED, mmap_pages=mmap, net=st.net)
     env = dict(os.environ, COLDSTART_RESTORED_FILE=str(st.dir / "restored"))
+    if record_pages:
+        env[_layout.RECORD_ENV] = "1"
     with open(st.dir / "criu.stderr", "w") as errf:  # the child keeps its own copy of the fd
         popen = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=errf, stderr=errf, cwd=st.dir)
     undo.callback(lambda: popen.poll() is None and (popen.kill(), popen.wait()))
@@ -752,12 +763,18 @@ def _connect(eng, m: Manifest, st: RestoreState, opts: RestoreOptions, undo: con
             checks)
 
 
-def _wait_server(eng, base_url: str, opts: RestoreOptions, tl: Timeline, m: Manifest, say):
+def _wait_server(eng, base_url: str, opts: RestoreOptions, tl: Timeline, m: Manifest, say,
+                 checks: "_Checks | None" = None):
     from coldstart.engine.client import EngineClient
 
     client = EngineClient(base_url, timeout=opts.timeout)
     deadline = time.monotonic() + opts.timeout
     while not client.health():
+        # a damaged image can hang the restored server instead of killing it: the digest check's
+        # verdict ends the wait
+        bad = checks.failure() if checks is not None else None
+        if bad:
+            raise RestoreFailed(bad)
         if not eng.alive():
             raise RestoreFailed(f"the restored server exited (pid {eng.root_pid}; log {eng.spec.log_path})")
         if time.monotonic() > deadline:

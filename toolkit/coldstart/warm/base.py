@@ -175,6 +175,13 @@ def make_plan(paths: list[Path] | list[str], *, chunk: int, profile: Path | None
 
     ranges: list[Range] = []
     covered: dict[Path, list[tuple[int, int]]] = {}
+    # CRIU pages images beside a parent/ directory (coldstart's hot layout: criu/layout.py) hold the
+    # pages a restore touches, stored together for it: all of them are read first, whole
+    for p in names:
+        if _hot_pages(p) and files[p]:
+            ranges.extend(_split(p, 0, files[p], chunk))
+            covered[p] = [(0, files[p])]
+    lead = len(ranges)
     profile_used = False
     if profile is not None:
         from coldstart.warm.profile import load_profile
@@ -185,9 +192,11 @@ def make_plan(paths: list[Path] | list[str], *, chunk: int, profile: Path | None
             errors[Path(profile)] = f"profile ignored: {e}"
         else:
             for path, off, length in prof.resolve(_profile_root(Path(profile), files), files, remap):
+                if _hot_pages(path):
+                    continue
                 ranges.extend(_split(path, off, length, chunk))
                 covered.setdefault(path, []).append((off, off + length))
-            profile_used = bool(ranges)
+            profile_used = len(ranges) > lead
             # the weights last within the profile: a first restore's warmer and loader read them
             # before the restored server had faulted in most of its pages, and the recorder saw that
             # order; a restore needs them only at its wake, after those pages (sort is stable)
@@ -206,6 +215,11 @@ def make_plan(paths: list[Path] | list[str], *, chunk: int, profile: Path | None
             ranges.extend(_split(p, pos, size - pos, chunk))
     return Plan(ranges=ranges, files=files, errors=errors, profile_used=profile_used, profile_end=profile_end,
                 mapped=[p for p in files if p in only])
+
+
+def _hot_pages(p: Path) -> bool:
+    """A CRIU pages image in the hot layout (a child image: its directory has parent/)."""
+    return p.name.startswith("pages-") and p.name.endswith(".img") and (p.parent / "parent").is_dir()
 
 
 def _merge(iv: list[tuple[int, int]]) -> list[tuple[int, int]]:

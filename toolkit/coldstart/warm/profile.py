@@ -261,7 +261,8 @@ class ProfileRecorder:
 
     def _add_mapped(self, name: str) -> Path | None:
         """Start following a file the restored tree maps (outside the snapshot), or None to skip it:
-        deleted files, device/memfd/shm mappings and anything not a regular file."""
+        deleted files, device/memfd/shm mappings, anything not a regular file, and the snapshot's own
+        files that are not warmed (the hot layout's parent pages images: mapped lazily)."""
         p = self._mapped_by_name.get(name)
         if p is not None:
             return p
@@ -273,7 +274,8 @@ class ProfileRecorder:
             st = path.stat() if ok else None
         except OSError:
             st = None
-        if st is None or not S_ISREG(st.st_mode) or st.st_size == 0 or path in self.sizes:
+        if st is None or not S_ISREG(st.st_mode) or st.st_size == 0 or path in self.sizes \
+                or self.root in path.parents:
             self._not_mapped.add(name)
             return None
         self.sizes[path] = st.st_size

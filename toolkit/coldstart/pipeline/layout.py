@@ -1,0 +1,75 @@
+"""The snapshot's hot layout, made at checkpoint: one recording restore, then the images split.
+
+A recording restore (``RestoreOptions.record_pages``: no readahead on the images, every run mapped,
+no warming) of the unpublished snapshot does what every restore does before its first token (CRIU,
+wake, reload, canary); the image pages its processes then hold are the ones a restore needs.
+criu/layout.py splits the images around them: a restore reads the child's few MB in one pass and
+maps the parent's pages lazily (docs/criu.md, "The hot layout").
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+from coldstart.criu import layout
+from coldstart.errors import ColdstartError
+from coldstart.pipeline.manifest import FileEntry, file_entry
+from coldstart.warm.residency import residency_vector
+
+
+class RecordingFailed(ColdstartError):
+    """The recording restore did not reach its first token: the images are untouched."""
+
+
+def _evict(paths: list[Path]) -> None:
+    """Drop ``paths`` from the page cache: a page cached before the recording would be mapped by
+    fault-around without being touched. Written back first: dirty pages (the dump just wrote them)
+    are not dropped."""
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def make_hot(snap: Path, files: dict[str, FileEntry], say: Callable[[str], None] = lambda s: None,
+             timeout: float = 600.0) -> tuple[dict[str, FileEntry], dict]:
+    """Record and split ``snap`` (complete, manifest written, not yet published). Returns the new
+    file entries (moved images keep their digests, the child's are computed) and the facts for the
+    manifest. RecordingFailed: nothing was changed (the snapshot works as dumped)."""
+    from coldstart.pipeline.restore import RestoreOptions, restore
+
+    images = snap / "criu"
+    _evict(sorted(images.glob("pages-*.img")))
+    t0 = time.monotonic()
+    try:
+        res = restore(RestoreOptions(snapshot=snap, verify="off", warm=False, fallback=False, warm_record="off",
+                                     settle=False, record_pages=True, timeout=timeout), say=lambda s: None)
+    except ColdstartError as e:
+        raise RecordingFailed(f"the recording restore failed: {e}") from None
+    try:
+        if not res.restored:
+            raise RecordingFailed(f"the recording restore failed: {res.fallback_reason}")
+        tree = layout.tree_pids(res.engine.root_pid)
+        # read before reading the page tables: the pages images were evicted and nothing else reads them
+        read = {p.name: residency_vector(p) for p in images.glob("pages-*.img")}
+        hot = layout.record(images, tree, read)
+    finally:
+        res.stop()
+    recorded_s = time.monotonic() - t0
+    facts = layout.split(images, hot)
+    out = {}
+    moved = {f"criu/{n}": f"criu/{layout.PARENT}/{n}" for n in facts.moved}
+    for rel, fe in files.items():
+        out[moved.get(rel, rel)] = fe
+    for n in facts.moved:
+        out[f"criu/{n}"] = file_entry(images / n)
+    info = {"child_bytes": facts.total_child_bytes, "parent_bytes": facts.parent_bytes,
+            "recording_restore_s": round(recorded_s, 3)}
+    say(f"hot layout: {facts.total_child_bytes / 2**20:.1f} MiB of {facts.parent_bytes / 2**20:.0f} MiB of pages "
+        f"touched by a restore, stored together")
+    return out, info
