@@ -7,6 +7,10 @@ each snapshot one restore so that both have a node profile, then alternates rest
 read from the disk, pages images in the page cache at READY (child and parent), and the CRIU
 pages the restored tree mapped or wrote (FIRST_TOKEN attrs).
 
+``--restore-arg --warm-rest=never``: nothing is warmed past what the restore needs first, and the
+entrypoint exits at its first token, so the pages images in the page cache afterwards are what the
+restore read before its first token. ``--cold-only`` skips the warm restores.
+
     cd experiments && ../.venv/bin/python hot_layout.py SNAPSHOT --reps 4 --out OUT.jsonl
 """
 from __future__ import annotations
@@ -56,6 +60,8 @@ def main() -> None:
     ap.add_argument("snapshot", type=Path)
     ap.add_argument("--reps", type=int, default=4)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--restore-arg", action="append", default=[], help="passed to every measured restore")
+    ap.add_argument("--cold-only", action="store_true")
     a = ap.parse_args()
     snaps = {"dumped": a.snapshot.absolute(), "hot": hot_copy(a.snapshot.absolute())}
     dev = block_device(a.snapshot)
@@ -65,7 +71,7 @@ def main() -> None:
         print(json.dumps({"layout": name, "first_restore": True, "restored": r["restored"],
                           "fallback": r["fallback"]}), flush=True)
     for rep in range(a.reps):
-        for cold in (True, False):
+        for cold in (True,) if a.cold_only else (True, False):
             for name in (list(snaps) if rep % 2 == 0 else list(snaps)[::-1]):
                 snap = snaps[name]
                 if cold:
@@ -73,7 +79,7 @@ def main() -> None:
                 else:
                     restore_from_exec(snap)  # warm: the previous restore was of the other snapshot
                 r0 = device_read_bytes(dev)
-                r = restore_from_exec(snap)
+                r = restore_from_exec(snap, extra=a.restore_arg)
                 ft = next((e.get("attrs") or {} for e in r["events"] if e["name"] == "FIRST_TOKEN"), {})
                 rows.append({"layout": name, "cold": cold, "rep": rep, "restored": r["restored"],
                              "fallback": r["fallback"], "first_token_from_exec_s": r["first_token_from_exec_s"],
