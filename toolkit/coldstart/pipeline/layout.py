@@ -8,7 +8,6 @@ maps the parent's pages lazily (docs/criu.md, "The hot layout").
 """
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Callable
@@ -16,24 +15,11 @@ from typing import Callable
 from coldstart.criu import layout
 from coldstart.errors import ColdstartError
 from coldstart.pipeline.manifest import FileEntry, file_entry
-from coldstart.warm.residency import residency_vector
+from coldstart.warm.residency import evict, residency_vector
 
 
 class RecordingFailed(ColdstartError):
     """The recording restore did not reach its first token: the images are untouched."""
-
-
-def _evict(paths: list[Path]) -> None:
-    """Drop ``paths`` from the page cache: a page cached before the recording would be mapped by
-    fault-around without being touched. Written back first: dirty pages (the dump just wrote them)
-    are not dropped."""
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fdatasync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def make_hot(snap: Path, files: dict[str, FileEntry], say: Callable[[str], None] = lambda s: None,
@@ -44,7 +30,9 @@ def make_hot(snap: Path, files: dict[str, FileEntry], say: Callable[[str], None]
     from coldstart.pipeline.restore import RestoreOptions, restore
 
     images = snap / "criu"
-    _evict(sorted(images.glob("pages-*.img")))
+    # a page cached before the recording would be mapped by fault-around without being touched
+    for p in sorted(images.glob("pages-*.img")):
+        evict(p)
     t0 = time.monotonic()
     try:
         res = restore(RestoreOptions(snapshot=snap, verify="off", warm=False, fallback=False, warm_record="off",
