@@ -108,6 +108,19 @@ def _entries_at(path: Path) -> list[tuple[int, bytes]]:
 PE_PARENT, PE_LAZY, PE_PRESENT = 1, 2, 4
 
 
+def pagemap_flags(e: dict[int, int]) -> int:
+    """A PagemapEntry's flags (4); images of old CRIUs have only in_parent (3) or neither (present)."""
+    flags = e.get(4)
+    if flags is None:
+        flags = PE_PARENT if e.get(3) else PE_PRESENT
+    return flags
+
+
+def page_run_stored(flags: int) -> bool:
+    """Are the entry's pages stored in this image's pages file (present, not in the parent)?"""
+    return bool(flags & PE_PRESENT) and not flags & PE_PARENT
+
+
 def _pagemap_runs(pm: Path) -> tuple[int, list[int]] | None:
     """A pagemap's pages id and the byte size of each run it stores in pages-<id>.img, in file order
     (None: an empty pagemap). ValueError: a corrupt entry; ColdstartError: a truncated file."""
@@ -116,9 +129,7 @@ def _pagemap_runs(pm: Path) -> tuple[int, list[int]] | None:
         return None
     runs = []
     for e in entries[1:]:
-        flags = e.get(4)
-        present = (flags & PE_PRESENT and not flags & PE_PARENT) if flags is not None else not e.get(3, 0)
-        if present:
+        if page_run_stored(pagemap_flags(e)):
             runs.append(e.get(5, e.get(2, 0)) * 4096)  # nr_pages (5), else compat_nr_pages (2)
     return entries[0].get(1, 0), runs
 

@@ -19,7 +19,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from coldstart.criu.images import PE_PARENT, PE_PRESENT, _entries_at, _ints
+from coldstart.criu.images import PE_PARENT, PE_PRESENT, _entries_at, _ints, page_run_stored, pagemap_flags
 from coldstart.errors import ColdstartError
 
 PARENT = "parent"  # CRIU's name for the parent images directory (CR_PARENT_LINK)
@@ -36,7 +36,7 @@ class Run:
 
     @property
     def present(self) -> bool:
-        return bool(self.flags & PE_PRESENT) and not self.flags & PE_PARENT
+        return page_run_stored(self.flags)
 
 
 @dataclass(frozen=True)
@@ -68,10 +68,7 @@ def read_pagemap(path: Path) -> Pagemap:
     runs = []
     for _, msg in entries[1:]:
         f = _ints(msg)
-        flags = f.get(4)
-        if flags is None:  # images of old CRIUs: in_parent (3) or present
-            flags = PE_PARENT if f.get(3) else PE_PRESENT
-        runs.append(Run(vaddr=f[1], nr_pages=f.get(5, f.get(2, 0)), flags=flags))
+        runs.append(Run(vaddr=f[1], nr_pages=f.get(5, f.get(2, 0)), flags=pagemap_flags(f)))
     return Pagemap(header=path.read_bytes()[:entries[0][0] - 4], pages_id=head.get(1, 0), runs=runs)
 
 
