@@ -24,6 +24,19 @@ def test_table_gives_medians_restored_counts_speed_up_and_the_warming_bound():
     assert "- tiny restore warm rep 3: x" in t
 
 
+def test_a_second_layout_of_a_model_shares_its_naive_starts():
+    from coldstart.bench.containers import case_label
+
+    assert case_label("bench", "dumped") == "bench" and case_label("bench", "hot") == "bench-hot"
+    rows = [{"size": "bench", "model": "bench-seed0", "method": "naive", "cache": "warm", "rep": 0,
+             "first_token_s": 100.0}]
+    rows += [{"size": label, "model": "bench-seed0", "method": "restore", "cache": "warm", "rep": 0,
+              "first_token_s": t, "restored": True} for label, t in (("bench", 2.0), ("bench-hot", 4.0))]
+    t = render(rows, "Host: test", "coldstart bench container")
+    assert "| bench | warm | 100.00 (1) | 2.00 (1) | - | 1/1 | **50.0x** |" in t
+    assert "| bench-hot | warm | 100.00 (1) | 4.00 (1) | - | 1/1 | **25.0x** |" in t
+
+
 def test_host_events_join_the_entrypoints_timeline_on_its_clock():
     from coldstart.containers.run import with_host_events
 

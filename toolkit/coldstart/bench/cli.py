@@ -7,20 +7,29 @@ from pathlib import Path
 import typer
 
 
-def _snapshots(sizes: str, work: Path, say) -> list[tuple[str, Path, Path]]:
-    """(size, model dir, snapshot dir) per model size, checkpointed under ``work`` on first use."""
+def _snapshots(sizes: str, work: Path, say, layouts: str = "dumped") -> list[tuple[str, Path, Path]]:
+    """(case label, model dir, snapshot dir) per model size and layout (`coldstart checkpoint --layout`),
+    checkpointed under ``work`` on first use; the label is the size, with the layout unless dumped."""
+    from coldstart.bench.containers import case_label
     from coldstart.engine.launcher import free_port
+    from coldstart.errors import ColdstartError
     from coldstart.models.tiny import cached_model
     from coldstart.pipeline.checkpoint import CheckpointOptions, checkpoint
+    from coldstart.pipeline.manifest import read_manifest
 
     cases = []
     for size in [s.strip() for s in sizes.split(",") if s.strip()]:
-        model = cached_model(size)
-        snap = work / "snapshots" / size
-        if not (snap / "manifest.json").exists():
-            say(f"checkpointing {size} -> {snap}")
-            checkpoint(CheckpointOptions(model=model, out=snap, port=free_port()), say=say)
-        cases.append((size, model, snap))
+        for layout in [x.strip() for x in layouts.split(",") if x.strip()]:
+            label = case_label(size, layout)
+            model = cached_model(size)
+            snap = work / "snapshots" / label
+            if not (snap / "manifest.json").exists():
+                say(f"checkpointing {size} ({layout} layout) -> {snap}")
+                checkpoint(CheckpointOptions(model=model, out=snap, port=free_port(), layout=layout), say=say)
+            if ("hot" if read_manifest(snap).layout else "dumped") != layout:
+                raise ColdstartError(f"{snap} does not have the {layout} layout (its recording failed?): "
+                                     "remove it to checkpoint again")
+            cases.append((label, model, snap))
     return cases
 
 
@@ -36,6 +45,8 @@ def bench_lazy(
     out: Path = typer.Option(Path("results/lazy"), help="results directory (raw.jsonl, table.md, COMMAND)"),
     runtime: bool = typer.Option(False, "--runtime", help="the node lacks the runtime too: this venv is pushed "
                                  "(`push --runtime-of`), pulled by `pull` and mounted lazily by the lazy methods"),
+    layouts: str = typer.Option("dumped", help="snapshot layouts (`coldstart checkpoint --layout`: dumped, hot), "
+                                "each a case per model (named e.g. bench-hot)"),
 ) -> None:
     """Restore → first token on an emulated fresh node: full pull then restore, lazy mount without and
     with prefetch, beside a warm local restore; the registry in its own network namespace behind a
@@ -49,7 +60,7 @@ def bench_lazy(
     from coldstart.warm.snapshot import node_profile
 
     say = lambda m: typer.echo(m, err=True)  # noqa: E731
-    cases = [(size, snap) for size, _, snap in _snapshots(sizes, work, say)]
+    cases = [(size, snap) for size, _, snap in _snapshots(sizes, work, say, layouts)]
     for size, snap in cases:
         if node_profile(snap) is None or not node_profile(snap).exists():
             say(f"restoring {size} once, to record its access profile (the push packs in that order)")

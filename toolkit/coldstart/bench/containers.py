@@ -114,21 +114,32 @@ def one_start(c, image: str, method: str, model: Path, snap: Path, layers: list[
     return row
 
 
-def snapshot_in_container(c, image: str, size: str, work: Path, say: Say = print) -> tuple[Path, Path]:
-    """(model dir, snapshot dir) of the ``size`` model checkpointed in a container of ``image``, under
-    ``work``/<image tag>/<size>: made once per image (a snapshot restores only in the image that made
-    it). One clear error when the checkpoint fails."""
+def case_label(size: str, layout: str) -> str:
+    """A case's name in rows and tables: the model, and the snapshot's layout unless it is as dumped."""
+    return size if layout == "dumped" else f"{size}-{layout}"
+
+
+def snapshot_in_container(c, image: str, size: str, work: Path, say: Say = print,
+                          layout: str = "dumped") -> tuple[Path, Path]:
+    """(model dir, snapshot dir) of the ``size`` model checkpointed in a container of ``image`` with
+    ``layout`` (``coldstart checkpoint --layout``), under ``work``/<image tag>/<case_label>: made once
+    per image (a snapshot restores only in the image that made it). One clear error when the
+    checkpoint fails or did not make the layout asked for (a failed recording keeps the dumped one)."""
     from coldstart.containers import run
     from coldstart.errors import ColdstartError
     from coldstart.models.tiny import cached_model
+    from coldstart.pipeline.manifest import read_manifest
 
     model = cached_model(size)
-    snap = Path(work) / image.replace(":", "-") / size
+    snap = Path(work) / image.replace(":", "-") / case_label(size, layout)
     if not (snap / "manifest.json").exists():
-        say(f"checkpointing {size} in a container -> {snap}")
-        res = run.checkpoint(c, image, model, snap)
+        say(f"checkpointing {size} ({layout} layout) in a container -> {snap}")
+        res = run.checkpoint(c, image, model, snap, extra=["--layout", layout])
         if res.exit_code != 0:
             raise ColdstartError(f"checkpoint of {size} in a container failed: {res.logs.strip().splitlines()[-1:]}")
+    got = "hot" if read_manifest(snap).layout else "dumped"
+    if got != layout:
+        raise ColdstartError(f"{snap} has the {got} layout, not {layout}: remove it to checkpoint again")
     return model, snap
 
 
@@ -143,7 +154,8 @@ def disk_bandwidth(snap: Path) -> dict:
 def run_bench(c, image: str, cases: list[tuple[str, Path, Path]], *, reps: int, caches: tuple[str, ...],
               say: Say = print, methods: tuple[str, ...] = ("naive", "restore", "restore+hostwarm"),
               naive_reps: int | None = None) -> list[dict]:
-    """``cases``: (size name, model dir, snapshot dir). One record per (size, method, cache, rep);
+    """``cases``: (case label, model dir, snapshot dir); two cases of one model (two layouts) share its
+    naive starts, run with the first. One record per (case, method, cache, rep);
     restore+hostwarm runs in cold cells only (with a warm cache it is the plain restore). The order of
     the methods turns around every repetition. Before them, per snapshot, one restore that is the
     first on this node (row "first-on-node"). A warm restore cell follows one unmeasured restore of
@@ -157,6 +169,9 @@ def run_bench(c, image: str, cases: list[tuple[str, Path, Path]], *, reps: int, 
     from coldstart.warm.snapshot import node_profile
 
     layers = image_layers(c, image)
+    naive_case = {}
+    for size, model, _ in cases:
+        naive_case.setdefault(model, size)
     rows: list[dict] = []
     for size, model, snap in cases:
         bw = disk_bandwidth(snap)
@@ -178,7 +193,8 @@ def run_bench(c, image: str, cases: list[tuple[str, Path, Path]], *, reps: int, 
         for size, model, snap in cases:
             for cache in caches:
                 ms = [m for m in methods if not (m == "restore+hostwarm" and cache == "warm")
-                      and not (m == "naive" and rep >= (reps if naive_reps is None else naive_reps))]
+                      and not (m == "naive" and (rep >= (reps if naive_reps is None else naive_reps)
+                                                 or naive_case[model] != size))]
                 for method in (ms if rep % 2 == 0 else ms[::-1]):
                     if cache == "cold":
                         drop_caches()
@@ -186,7 +202,7 @@ def run_bench(c, image: str, cases: list[tuple[str, Path, Path]], *, reps: int, 
                         rows.append({"size": size, "method": "prewarm", "cache": cache, "rep": rep,
                                      **one_start(c, image, method, model, snap, layers)})
                         say(json.dumps(rows[-1]))
-                    row = {"size": size, "method": method, "cache": cache, "rep": rep,
+                    row = {"size": size, "method": method, "cache": cache, "rep": rep, "model": model.name,
                            **one_start(c, image, method, model, snap, layers)}
                     rows.append(row)
                     say(json.dumps(row))
@@ -208,10 +224,14 @@ def render(rows: list[dict], host: str, command: str) -> str:
          "| model | cache | naive (s) | restore (s) | restore + host warming (s) | restored | speed-up |",
          "|---|---|---|---|---|---|---|"]
     sizes = list(dict.fromkeys(r["size"] for r in rows if r.get("cache")))
+    model_of = {r["size"]: r.get("model") for r in rows if r.get("cache")}
     for size in sizes:
         for cache in dict.fromkeys(r["cache"] for r in rows if r.get("cache")):
             cell = {m: [r for r in rows if r["size"] == size and r.get("cache") == cache and r["method"] == m]
-                    for m in ("naive", "restore", "restore+hostwarm")}
+                    for m in ("restore", "restore+hostwarm")}
+            # a model's naive starts ran with its first case (its other layouts share them)
+            cell["naive"] = [r for r in rows if r["method"] == "naive" and r.get("cache") == cache
+                             and (r["size"] == size or (r.get("model") and r.get("model") == model_of.get(size)))]
             n, r, h = (_med(cell[m]) for m in ("naive", "restore", "restore+hostwarm"))
             rs = cell["restore"] + cell["restore+hostwarm"]
             ok = sum(1 for x in rs if x.get("restored"))

@@ -43,6 +43,8 @@ def info_command(host: Optional[str] = typer.Option(None, "--host")) -> None:
 def checkpoint_command(
     model: Path = typer.Argument(..., help="model directory (mounted read-only at its own path)"),
     out: Path = typer.Option(..., "--out", help="snapshot directory to create on the host"),
+    layout: str = typer.Option("dumped", help="the images' layout, as `coldstart checkpoint --layout`: dumped | "
+                               "hot (the pages a restore touches before its first token stored together)"),
     host: Optional[str] = typer.Option(None, "--host"),
 ) -> None:
     """Checkpoint MODEL inside a container of the image; the snapshot lands in OUT on the host. The
@@ -52,7 +54,7 @@ def checkpoint_command(
 
     c = docker_api.client(host)
     img = image.app_image(c, Path(__file__).resolve().parents[3], say=lambda m: typer.echo(m, err=True))
-    res = run.checkpoint(c, img.tag, model, out)
+    res = run.checkpoint(c, img.tag, model, out, extra=["--layout", layout])
     typer.echo(res.logs.rstrip())
     if res.exit_code != 0:
         raise ColdstartError(f"checkpoint container exited with {res.exit_code}")
@@ -148,6 +150,9 @@ def bench_container(
     naive_reps: Optional[int] = typer.Option(None, help="repetitions of the naive start (the first ones; "
                                              "default --reps): minutes each for the bench model"),
     caches: str = typer.Option("warm,cold", help="page-cache states (cold: dropped before each start)"),
+    layouts: str = typer.Option("dumped", help="snapshot layouts (`coldstart checkpoint --layout`), each a case "
+                                "per model (named e.g. bench-hot); a model's naive starts run once, with its first"),
+    methods: str = typer.Option("naive,restore,restore+hostwarm", help="naive | restore | restore+hostwarm"),
     work: Path = typer.Option(Path("/var/tmp/coldstart-bench-container"), help="where the snapshots are kept"),
     out: Path = typer.Option(Path("results/container"), help="results directory (raw.jsonl, table.md, COMMAND)"),
     host: Optional[str] = typer.Option(None, "--host"),
@@ -165,10 +170,11 @@ def bench_container(
     say = lambda m: typer.echo(m, err=True)  # noqa: E731
     c = docker_api.client(host)
     img = image.app_image(c, Path(__file__).resolve().parents[3], say=say)
-    cases = [(size, *cbench.snapshot_in_container(c, img.tag, size, work, say))
-             for size in [s.strip() for s in sizes.split(",") if s.strip()]]
-    rows = cbench.run_bench(c, img.tag, cases, reps=reps, caches=tuple(x for x in caches.split(",") if x), say=say,
-                            naive_reps=naive_reps)
+    split = lambda v: [x.strip() for x in v.split(",") if x.strip()]  # noqa: E731
+    cases = [(cbench.case_label(size, layout), *cbench.snapshot_in_container(c, img.tag, size, work, say, layout))
+             for size in split(sizes) for layout in split(layouts)]
+    rows = cbench.run_bench(c, img.tag, cases, reps=reps, caches=tuple(split(caches)), say=say,
+                            naive_reps=naive_reps, methods=tuple(split(methods)))
     host_line = hostwatch.line(f"docker {docker_api.daemon_facts(c).version}", f"image {img.tag}")
     command = "coldstart bench container " + " ".join(shlex.quote(a) for a in sys.argv[3:])
     table = cbench.render(rows, host_line, command)
