@@ -87,6 +87,12 @@ VARIANTS = {
     "started-4x2M-early": {"after_start": True, "threads": 4, "chunk": 2 * MiB, "early": True},
     "started-4x1M-early": {"after_start": True, "threads": 4, "chunk": 1 * MiB, "early": True},
     "none-pread": None,  # the restore alone, its entrypoint's warmer reading with pread (CONTAINER_ENV)
+    # the weights read from their end (the map reload populates from their start: the two meet instead
+    # of the populate waiting on the host's idle-class reads of the same pages), or in the normal class
+    "started-2x2M-early-wrev": {"after_start": True, "threads": 2, "chunk": 2 * MiB, "early": True,
+                                "weights_reverse": True},
+    "started-2x2M-early-wbe": {"after_start": True, "threads": 2, "chunk": 2 * MiB, "early": True,
+                               "weights_io_class": "be"},
 }
 # what the restore container's environment gets besides, per variant
 CONTAINER_ENV = {"none-be": {"COLDSTART_WARM_IOPRIO": "be"}, "started-8x8M-early-be": {"COLDSTART_WARM_IOPRIO": "be"},
@@ -102,6 +108,7 @@ REPO = Path(__file__).resolve().parents[1]
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", default="bench")
+    ap.add_argument("--layout", default="dumped", help="the snapshot's layout (coldstart checkpoint --layout)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--work", type=Path, default=Path("/var/tmp/coldstart-bench-container"))
@@ -110,7 +117,8 @@ def main() -> None:
     c = docker_api.client(None)
     img = image.app_image(c, REPO, say=print)
     layers = docker_api.image_layers(c, img.tag)
-    model, snap = snapshot_in_container(c, img.tag, a.size, a.work, say=lambda m: print(m, flush=True))
+    model, snap = snapshot_in_container(c, img.tag, a.size, a.work, say=lambda m: print(m, flush=True),
+                                        layout=a.layout)
     variants = [v.strip() for v in a.variants.split(",") if v.strip()]
     a.out.parent.mkdir(parents=True, exist_ok=True)
     with open(a.out, "w") as out:

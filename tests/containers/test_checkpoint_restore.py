@@ -163,3 +163,24 @@ def test_restore_in_a_container_from_a_lazy_registry_mount(docker_client, app_im
             mnt.unmount()
     finally:
         srv.stop()
+
+
+def test_a_hot_layout_checkpointed_in_a_container_restores_in_a_new_one(docker_client, app_image, tiny_model_dir,
+                                                                         tmp_path):
+    """`--layout hot` restores the snapshot once inside the checkpoint container (its run-dir overlay
+    needs the same state tmpfs as a restore container); the split snapshot restores elsewhere."""
+    res = run.checkpoint(docker_client, app_image.tag, tiny_model_dir, tmp_path / "tiny-hot",
+                         extra=["--layout", "hot"])
+    assert res.exit_code == 0, res.logs[-3000:]
+    manifest = json.loads((res.snapshot / "manifest.json").read_text())
+    assert manifest["layout"] and manifest["layout"]["child_bytes"] > 0, res.logs[-3000:]
+    assert (res.snapshot / "criu" / "parent").is_dir()
+    port = free_port()
+    ctr = run.start_restore(docker_client, app_image.tag, res.snapshot, tiny_model_dir, port, node=tmp_path / "node")
+    try:
+        summary = _summary(ctr, 240)
+        assert summary["restored"] is True and summary["canary_ok"] is True, summary
+        assert _completion(port, str(tiny_model_dir))["choices"][0]["text"]
+    finally:
+        ctr.remove(force=True)
+        shutil.rmtree(res.snapshot, ignore_errors=True)

@@ -71,7 +71,8 @@ def security_without(cap: str) -> dict[str, Any]:
 
 def checkpoint(c, image: str, model: Path, out: Path, *, extra: list[str] | None = None) -> CheckpointRun:
     """``coldstart checkpoint`` inside a container: the model mounted read-only at its own path,
-    ``out``'s parent mounted read-write at /out (the snapshot is published there by a rename)."""
+    ``out``'s parent mounted read-write at /out (the snapshot is published there by a rename), the
+    restore's state tmpfs as in a restore container (``--layout hot`` restores the snapshot once)."""
     from coldstart.containers import docker_api
 
     model, out = Path(model).resolve(), Path(out).resolve()
@@ -80,7 +81,7 @@ def checkpoint(c, image: str, model: Path, out: Path, *, extra: list[str] | None
            "--server-caps", "none", *(extra or [])]
     t0 = time.monotonic()
     ctr = c.containers.run(image, cmd, entrypoint=["coldstart"], detach=True, shm_size=SHM_SIZE,
-                           network=docker_api.ensure_network(c),
+                           network=docker_api.ensure_network(c), tmpfs=STATE_TMPFS,
                            volumes={str(model): {"bind": str(model), "mode": "ro"},
                                     str(out.parent): {"bind": "/out", "mode": "rw"}},
                            environment={"TMPDIR": "/out"}, **CHECKPOINT_SECURITY)
@@ -177,7 +178,8 @@ class HostWarm:
     def __init__(self, snapshot: Path, layers: list[Path] | None = None, *, after_start: bool = True,
                  threads: int | None = HOST_SHAPE[0], chunk: int | None = HOST_SHAPE[1], method: str | None = None,
                  io_class: str | None = None, criu_runs: bool = False,
-                 early: bool = True, early_criu: bool = False, bulk: str = "profile", wait_early: bool = True):
+                 early: bool = True, early_criu: bool = False, bulk: str = "profile", wait_early: bool = True,
+                 weights_reverse: bool = False, weights_io_class: str | None = None):
         self.ahead = None
         remap = None
         if layers:
@@ -202,6 +204,8 @@ class HostWarm:
         if bulk not in ("profile", "weights"):
             raise ValueError(f"bulk must be profile or weights, not {bulk!r}")
         self._bulk = bulk
+        self._weights_shape = {**self._shape, **({"reverse": True} if weights_reverse else {}),
+                               **({"io_class": weights_io_class} if weights_io_class else {})}
         if early:
             self._early_t = threading.Thread(target=self._read_early, args=(Path(snapshot), remap),
                                              name="coldstart-host-warm-early", daemon=True)
@@ -248,7 +252,8 @@ class HostWarm:
                 st = self.warmer.wait()
             # the weights whole, after the profile's ranges (or alone, with bulk="weights")
             if weights is not None and not self._cancelled and (st is None or st.profile_used):
-                self.warmer = start_warming([weights], profile="off", record="off", mapped=False, **gate, **self._shape)
+                self.warmer = start_warming([weights], profile="off", record="off", mapped=False, **gate,
+                                            **self._weights_shape)
                 st2 = self.warmer.wait()
                 st = st2 if st is None else WarmStats(
                     mode=st.mode, bytes=st.bytes + st2.bytes, planned=st.planned + st2.planned,
