@@ -87,12 +87,8 @@ VARIANTS = {
     "started-4x2M-early": {"after_start": True, "threads": 4, "chunk": 2 * MiB, "early": True},
     "started-4x1M-early": {"after_start": True, "threads": 4, "chunk": 1 * MiB, "early": True},
     "none-pread": None,  # the restore alone, its entrypoint's warmer reading with pread (CONTAINER_ENV)
-    # the weights read from their end (the map reload populates from their start: the two meet instead
-    # of the populate waiting on the host's idle-class reads of the same pages), or in the normal class
-    "started-2x2M-early-wrev": {"after_start": True, "threads": 2, "chunk": 2 * MiB, "early": True,
-                                "weights_reverse": True},
-    "started-2x2M-early-wbe": {"after_start": True, "threads": 2, "chunk": 2 * MiB, "early": True,
-                               "weights_io_class": "be"},
+    # (bench-weights-order.jsonl, at 642a773: HostWarm's weights_reverse and weights_io_class="be",
+    # removed after: no gain)
 }
 # what the restore container's environment gets besides, per variant
 CONTAINER_ENV = {"none-be": {"COLDSTART_WARM_IOPRIO": "be"}, "started-8x8M-early-be": {"COLDSTART_WARM_IOPRIO": "be"},

@@ -178,8 +178,7 @@ class HostWarm:
     def __init__(self, snapshot: Path, layers: list[Path] | None = None, *, after_start: bool = True,
                  threads: int | None = HOST_SHAPE[0], chunk: int | None = HOST_SHAPE[1], method: str | None = None,
                  io_class: str | None = None, criu_runs: bool = False,
-                 early: bool = True, early_criu: bool = False, bulk: str = "profile", wait_early: bool = True,
-                 weights_reverse: bool = False, weights_io_class: str | None = None):
+                 early: bool = True, early_criu: bool = False, bulk: str = "profile", wait_early: bool = True):
         self.ahead = None
         remap = None
         if layers:
@@ -204,8 +203,6 @@ class HostWarm:
         if bulk not in ("profile", "weights"):
             raise ValueError(f"bulk must be profile or weights, not {bulk!r}")
         self._bulk = bulk
-        self._weights_shape = {**self._shape, **({"reverse": True} if weights_reverse else {}),
-                               **({"io_class": weights_io_class} if weights_io_class else {})}
         if early:
             self._early_t = threading.Thread(target=self._read_early, args=(Path(snapshot), remap),
                                              name="coldstart-host-warm-early", daemon=True)
@@ -252,8 +249,7 @@ class HostWarm:
                 st = self.warmer.wait()
             # the weights whole, after the profile's ranges (or alone, with bulk="weights")
             if weights is not None and not self._cancelled and (st is None or st.profile_used):
-                self.warmer = start_warming([weights], profile="off", record="off", mapped=False, **gate,
-                                            **self._weights_shape)
+                self.warmer = start_warming([weights], profile="off", record="off", mapped=False, **gate, **self._shape)
                 st2 = self.warmer.wait()
                 st = st2 if st is None else WarmStats(
                     mode=st.mode, bytes=st.bytes + st2.bytes, planned=st.planned + st2.planned,

@@ -49,17 +49,11 @@ class NativeWarmer(BaseWarmer):
                  profile: Path | None = None, order: list[Path] | None = None,
                  progress: ProgressFn | None = None, profile_only: list[Path] | None = None,
                  rest: str = "now", remap=None, gate: threading.Event | None = None,
-                 io_class: str | None = None, reverse: bool = False):
+                 io_class: str | None = None):
         if method not in METHODS:
             raise ValueError(f"unknown native warming method {method!r} ({'|'.join(METHODS)})")
-        if reverse and profile is not None:
-            raise ValueError("reverse warming reads whole files from their end: not with a profile")
         super().__init__(paths, chunk=chunk, profile=profile, order=order, progress=progress,
                          profile_only=profile_only, rest=rest, remap=remap, gate=gate)
-        if reverse:
-            # last chunk first: a reader that reads the file from its start (a map reload's populate)
-            # meets these reads in the middle instead of waiting behind them on the same pages
-            self.plan.ranges.reverse()
         self.method = method
         self.io_class = io_class or default_io_class()
         self.chunk = chunk
