@@ -20,7 +20,10 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "containers.md"
 
 @pytest.fixture(scope="session")
 def container_snapshot(docker_client, app_image, tiny_model_dir, tmp_path_factory):
-    res = run.checkpoint(docker_client, app_image.tag, tiny_model_dir, tmp_path_factory.mktemp("csnap") / "tiny")
+    # the images as dumped: the session's host snapshot has the default (hot) layout, so the
+    # dumped one is exercised end to end here; test_a_hot_layout_... covers hot in containers
+    res = run.checkpoint(docker_client, app_image.tag, tiny_model_dir, tmp_path_factory.mktemp("csnap") / "tiny",
+                         extra=["--layout", "dumped"])
     assert res.exit_code == 0, res.logs[-3000:]
     assert (res.snapshot / "manifest.json").exists()
     assert json.loads((res.snapshot / "manifest.json").read_text())["server_caps"] == []
@@ -167,10 +170,10 @@ def test_restore_in_a_container_from_a_lazy_registry_mount(docker_client, app_im
 
 def test_a_hot_layout_checkpointed_in_a_container_restores_in_a_new_one(docker_client, app_image, tiny_model_dir,
                                                                          tmp_path):
-    """`--layout hot` restores the snapshot once inside the checkpoint container (its run-dir overlay
-    needs the same state tmpfs as a restore container); the split snapshot restores elsewhere."""
-    res = run.checkpoint(docker_client, app_image.tag, tiny_model_dir, tmp_path / "tiny-hot",
-                         extra=["--layout", "hot"])
+    """The default layout, hot, restores the snapshot once inside the checkpoint container (its
+    run-dir overlay needs the same state tmpfs as a restore container); the split snapshot restores
+    in another."""
+    res = run.checkpoint(docker_client, app_image.tag, tiny_model_dir, tmp_path / "tiny-hot")
     assert res.exit_code == 0, res.logs[-3000:]
     manifest = json.loads((res.snapshot / "manifest.json").read_text())
     assert manifest["layout"] and manifest["layout"]["child_bytes"] > 0, res.logs[-3000:]

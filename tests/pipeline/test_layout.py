@@ -1,22 +1,23 @@
-"""The hot layout (pipeline/layout.py) on the real thing: a recording restore of the tiny snapshot,
-the split, then a restore that reads the child, maps the parent, passes every digest and the
-canary."""
+"""The hot layout (pipeline/layout.py) on the real thing: the session's snapshot, checkpointed with
+the default layout, was recorded and split (HOT_LAYOUT); a restore reads the child, maps the
+parent, passes every digest and the canary. A second split is refused."""
 from __future__ import annotations
 
+import pytest
+
+from coldstart.errors import ColdstartError
 from coldstart.pipeline.layout import make_hot
-from coldstart.pipeline.manifest import read_manifest, write_manifest
+from coldstart.pipeline.manifest import read_manifest
 from coldstart.pipeline.restore import RestoreOptions, restore
 
 
-def test_hot_layout_restores_with_the_parent_mapped(snapshot_copy):
-    snap = snapshot_copy("hot")
+def test_the_default_checkpoint_is_hot_and_restores_with_the_parent_mapped(tiny_snapshot):
+    snap = tiny_snapshot.out
     m = read_manifest(snap)
-    m.files, m.layout = make_hot(snap, m.files)
-    m.created_at += "+hot"  # its own node profile
-    write_manifest(snap, m)
     assert (snap / "criu" / "parent").is_dir()
     assert 0 < m.layout["child_bytes"] < m.layout["parent_bytes"] / 4
     assert any(rel.startswith("criu/parent/pages-") for rel in m.files)
+    assert "HOT_LAYOUT" in {e.name for e in tiny_snapshot.timeline.events}
 
     res = restore(RestoreOptions(snapshot=snap, verify="full", fallback=False), say=lambda s: None)
     try:
@@ -25,3 +26,9 @@ def test_hot_layout_restores_with_the_parent_mapped(snapshot_copy):
         assert "/criu/parent/pages-" in maps  # the parent's pages: mapped, not read
     finally:
         res.stop()
+
+
+def test_a_hot_snapshot_is_not_split_again(snapshot_copy):
+    snap = snapshot_copy("hot-twice")
+    with pytest.raises(ColdstartError, match="parent"):
+        make_hot(snap, read_manifest(snap).files)

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 
-def _snapshots(sizes: str, work: Path, say, layouts: str = "dumped") -> list[tuple[str, Path, Path]]:
+def _snapshots(sizes: str, work: Path, say, layouts: str = "hot") -> list[tuple[str, Path, Path]]:
     """(case label, model dir, snapshot dir) per model size and layout (`coldstart checkpoint --layout`),
     checkpointed under ``work`` on first use; the label is the size, with the layout unless dumped."""
     from coldstart.bench.containers import case_label
@@ -45,7 +45,7 @@ def bench_lazy(
     out: Path = typer.Option(Path("results/lazy"), help="results directory (raw.jsonl, table.md, COMMAND)"),
     runtime: bool = typer.Option(False, "--runtime", help="the node lacks the runtime too: this venv is pushed "
                                  "(`push --runtime-of`), pulled by `pull` and mounted lazily by the lazy methods"),
-    layouts: str = typer.Option("dumped", help="snapshot layouts (`coldstart checkpoint --layout`: dumped, hot), "
+    layouts: str = typer.Option("hot", help="snapshot layouts (`coldstart checkpoint --layout`: dumped, hot), "
                                 "each a case per model (named e.g. bench-hot)"),
 ) -> None:
     """Restore → first token on an emulated fresh node: full pull then restore, lazy mount without and

@@ -120,7 +120,7 @@ def case_label(size: str, layout: str) -> str:
 
 
 def snapshot_in_container(c, image: str, size: str, work: Path, say: Say = print,
-                          layout: str = "dumped") -> tuple[Path, Path]:
+                          layout: str = "hot") -> tuple[Path, Path]:
     """(model dir, snapshot dir) of the ``size`` model checkpointed in a container of ``image`` with
     ``layout`` (``coldstart checkpoint --layout``), under ``work``/<image tag>/<case_label>: made once
     per image (a snapshot restores only in the image that made it). One clear error when the

@@ -43,8 +43,9 @@ def info_command(host: Optional[str] = typer.Option(None, "--host")) -> None:
 def checkpoint_command(
     model: Path = typer.Argument(..., help="model directory (mounted read-only at its own path)"),
     out: Path = typer.Option(..., "--out", help="snapshot directory to create on the host"),
-    layout: str = typer.Option("dumped", help="the images' layout, as `coldstart checkpoint --layout`: dumped | "
-                               "hot (the pages a restore touches before its first token stored together)"),
+    layout: Optional[str] = typer.Option(None, show_default="hot", help="the images' layout, as `coldstart checkpoint "
+                                         "--layout`: hot (the pages a restore touches before its first token stored "
+                                         "together) | dumped"),
     host: Optional[str] = typer.Option(None, "--host"),
 ) -> None:
     """Checkpoint MODEL inside a container of the image; the snapshot lands in OUT on the host. The
@@ -54,7 +55,7 @@ def checkpoint_command(
 
     c = docker_api.client(host)
     img = image.app_image(c, Path(__file__).resolve().parents[3], say=lambda m: typer.echo(m, err=True))
-    res = run.checkpoint(c, img.tag, model, out, extra=["--layout", layout])
+    res = run.checkpoint(c, img.tag, model, out, extra=["--layout", layout] if layout else [])
     typer.echo(res.logs.rstrip())
     if res.exit_code != 0:
         raise ColdstartError(f"checkpoint container exited with {res.exit_code}")
@@ -150,7 +151,7 @@ def bench_container(
     naive_reps: Optional[int] = typer.Option(None, help="repetitions of the naive start (the first ones; "
                                              "default --reps): minutes each for the bench model"),
     caches: str = typer.Option("warm,cold", help="page-cache states (cold: dropped before each start)"),
-    layouts: str = typer.Option("dumped", help="snapshot layouts (`coldstart checkpoint --layout`), each a case "
+    layouts: str = typer.Option("hot", help="snapshot layouts (`coldstart checkpoint --layout`), each a case "
                                 "per model (named e.g. bench-hot); a model's naive starts run once, with its first"),
     methods: str = typer.Option("naive,restore,restore+hostwarm", help="naive | restore | restore+hostwarm"),
     work: Path = typer.Option(Path("/var/tmp/coldstart-bench-container"), help="where the snapshots are kept"),

@@ -29,10 +29,12 @@ def checkpoint_cmd(
     server_caps: str = typer.Option("keep", help="keep: the server gets this process's capabilities | none: "
                                     "it runs with none (the snapshot then restores in a least-privilege container: "
                                     "CRIU gives the server back its dumped set)."),
-    layout: str = typer.Option("dumped", help="dumped: the images as CRIU wrote them | hot: restore the snapshot "
-                               "once, recording the CRIU pages it touches before its first token, and store those "
-                               "together (a restore reads them in one pass and maps the rest lazily: a third of the "
-                               "bytes; docs/criu.md)."),
+    layout: Optional[str] = typer.Option(None, show_default="hot with the patched criu on a CPU host, else dumped",
+                                         help="hot: restore the snapshot once, recording the CRIU pages it touches "
+                                         "before its first token, and store those together (a restore reads them in "
+                                         "one pass and maps the rest lazily: a third of the bytes, what a lazily "
+                                         "mounted snapshot fetches; ~12 s more at checkpoint; docs/criu.md) | dumped: "
+                                         "the images as CRIU wrote them."),
     timeline_out: Optional[Path] = typer.Option(None, help="Append the timing events (jsonl) here."),
 ) -> None:
     """Snapshot a warmed-up vLLM server of MODEL; extra args after `--` go to vLLM."""

@@ -30,6 +30,8 @@ def make_hot(snap: Path, files: dict[str, FileEntry], say: Callable[[str], None]
     from coldstart.pipeline.restore import RestoreOptions, restore
 
     images = snap / "criu"
+    if (images / layout.PARENT).exists():
+        raise ColdstartError(f"{images} is already in the hot layout (it has {layout.PARENT}/)")
     # a page cached before the recording would be mapped by fault-around without being touched
     for p in sorted(images.glob("pages-*.img")):
         evict(p)
