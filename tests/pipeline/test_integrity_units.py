@@ -100,3 +100,42 @@ def test_sparse_copy_and_data_extents_skip_holes(tmp_path):
     assert _read_data(src) == sum(b - a for a, b in runs) >= data
     assert sparse_copy(src, tmp_path / "copy") >= data
     assert (tmp_path / "copy").read_bytes() == src.read_bytes()
+
+
+def _checks_failing_after(seconds: float | None):
+    """The restore's digest checks (pipeline.restore._Checks) reduced to their verdict: a failure
+    naming a file after ``seconds`` (None: every digest matches)."""
+    import threading
+    import time
+
+    from coldstart.pipeline.restore import _Checks
+
+    checks = _Checks.__new__(_Checks)
+    checks._error = None
+
+    def verify() -> None:
+        if seconds is not None:
+            time.sleep(seconds)
+            checks._error = integrity.IntegrityError("file criu/pages-1.img: chunk 3 does not match its digest")
+
+    checks._t = threading.Thread(target=verify)
+    checks._t.start()
+    return checks
+
+
+def test_a_digest_failure_ends_a_call_the_damaged_server_never_answers():
+    import threading
+
+    from coldstart.pipeline.restore import RestoreFailed
+
+    hung = threading.Event()  # never set: a request a server restored from a damaged image never answers
+    with pytest.raises(RestoreFailed, match="pages-1.img"):
+        _checks_failing_after(0.2).guard(hung.wait)
+    hung.set()
+
+
+def test_a_guarded_call_returns_or_raises_as_it_would_alone():
+    checks = _checks_failing_after(None)
+    assert checks.guard(lambda a, b: a + b, 2, 3) == 5
+    with pytest.raises(ZeroDivisionError):
+        checks.guard(lambda: 1 / 0)

@@ -513,7 +513,7 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say, r
                 tl.get(EventName.RESTORE_DONE).attrs.update(ahead.result())
             check_url, base_url, fwd, check_fwd = _connect(eng, m, st, opts, undo)
             client = _wait_server(eng, check_url, opts, tl, m, say, checks)
-            _wake_and_reload(client, snap, m, opts, tl, warmer is not None)
+            checks.guard(_wake_and_reload, client, snap, m, opts, tl, warmer is not None)
             text = _canary(client, m, tl, checks)
             if fwd is not None:  # checked: clients may come in now
                 check_fwd.close()
@@ -613,6 +613,30 @@ class _Checks:
         """The integrity failure if one is known (after ``timeout`` s of waiting), else None."""
         self._t.join(timeout)
         return str(self._error) if self._error is not None else None
+
+    def guard(self, fn: Callable, *args):
+        """``fn(*args)`` (a call to the restored server), ended early by a digest failure: a damaged
+        image can hang the server inside a request (a corrupt hot page held the canary until the
+        client's 300 s timeout). The call runs in a thread; on a failure RestoreFailed names the file
+        at once, and the caller's cleanup stops the server, which ends the call."""
+        box: dict = {}
+
+        def run() -> None:
+            try:
+                box["value"] = fn(*args)
+            except BaseException as e:  # noqa: BLE001 - re-raised below
+                box["error"] = e
+
+        t = threading.Thread(target=run, name="coldstart-restore-call", daemon=True)
+        t.start()
+        while t.is_alive():
+            t.join(0.05)
+            bad = self.failure() if t.is_alive() else None
+            if bad:
+                raise RestoreFailed(bad)
+        if "error" in box:
+            raise box["error"]
+        return box.get("value")
 
     def join(self) -> None:
         """Wait for every check; raise RestoreFailed naming the bad file and chunk."""
@@ -834,7 +858,7 @@ def _settle(client, tl: Timeline) -> None:
 def _canary(client, m: Manifest, tl: Timeline, checks: _Checks) -> str:
     """The recorded answer must come back, and every digest must match, before anything is served
     (a digest failure is named in preference to the canary's symptom of it)."""
-    bad, text = check_canary(client, m.canary)
+    bad, text = checks.guard(check_canary, client, m.canary)
     checks.join()
     if bad:
         raise RestoreFailed(bad)
