@@ -53,6 +53,13 @@ def _summary(ctr, timeout: float) -> dict:
     raise AssertionError(f"no summary line in {timeout:.0f} s: {logs[-3000:]}")
 
 
+def _restores_and_serves(ctr, port: int, model: Path) -> None:
+    """The container's entrypoint restored (canary passed) and a completion comes back through its port."""
+    summary = _summary(ctr, 240)
+    assert summary["restored"] is True and summary["canary_ok"] is True, summary
+    assert _completion(port, str(model))["choices"][0]["text"]
+
+
 def test_restore_in_a_new_container_from_a_read_only_mount(docker_client, app_image, container_snapshot,
                                                            tiny_model_dir):
     port = free_port()
@@ -158,9 +165,7 @@ def test_restore_in_a_container_from_a_lazy_registry_mount(docker_client, app_im
         ctr = run.start_restore(docker_client, app_image.tag, mnt.mountpoint, tiny_model_dir, port,
                                 env={"COLDSTART_VERIFY": "off"})  # the mount checks every chunk it serves
         try:
-            summary = _summary(ctr, 240)
-            assert summary["restored"] is True and summary["canary_ok"] is True, summary
-            assert _completion(port, str(tiny_model_dir))["choices"][0]["text"]
+            _restores_and_serves(ctr, port, tiny_model_dir)
         finally:
             ctr.remove(force=True)
             mnt.unmount()
@@ -181,9 +186,7 @@ def test_a_hot_layout_checkpointed_in_a_container_restores_in_a_new_one(docker_c
     port = free_port()
     ctr = run.start_restore(docker_client, app_image.tag, res.snapshot, tiny_model_dir, port, node=tmp_path / "node")
     try:
-        summary = _summary(ctr, 240)
-        assert summary["restored"] is True and summary["canary_ok"] is True, summary
-        assert _completion(port, str(tiny_model_dir))["choices"][0]["text"]
+        _restores_and_serves(ctr, port, tiny_model_dir)
     finally:
         ctr.remove(force=True)
         shutil.rmtree(res.snapshot, ignore_errors=True)

@@ -10,12 +10,10 @@ import typer
 def _snapshots(sizes: str, work: Path, say, layouts: str = "hot") -> list[tuple[str, Path, Path]]:
     """(case label, model dir, snapshot dir) per model size and layout (`coldstart checkpoint --layout`),
     checkpointed under ``work`` on first use; the label is the size, with the layout unless dumped."""
-    from coldstart.bench.containers import case_label
+    from coldstart.bench.containers import case_label, require_layout
     from coldstart.engine.launcher import free_port
-    from coldstart.errors import ColdstartError
     from coldstart.models.tiny import cached_model
     from coldstart.pipeline.checkpoint import CheckpointOptions, checkpoint
-    from coldstart.pipeline.manifest import read_manifest
 
     cases = []
     for size in [s.strip() for s in sizes.split(",") if s.strip()]:
@@ -26,9 +24,7 @@ def _snapshots(sizes: str, work: Path, say, layouts: str = "hot") -> list[tuple[
             if not (snap / "manifest.json").exists():
                 say(f"checkpointing {size} ({layout} layout) -> {snap}")
                 checkpoint(CheckpointOptions(model=model, out=snap, port=free_port(), layout=layout), say=say)
-            if ("hot" if read_manifest(snap).layout else "dumped") != layout:
-                raise ColdstartError(f"{snap} does not have the {layout} layout (its recording failed?): "
-                                     "remove it to checkpoint again")
+            require_layout(snap, layout)
             cases.append((label, model, snap))
     return cases
 

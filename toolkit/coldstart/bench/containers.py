@@ -128,7 +128,6 @@ def snapshot_in_container(c, image: str, size: str, work: Path, say: Say = print
     from coldstart.containers import run
     from coldstart.errors import ColdstartError
     from coldstart.models.tiny import cached_model
-    from coldstart.pipeline.manifest import read_manifest
 
     model = cached_model(size)
     snap = Path(work) / image.replace(":", "-") / case_label(size, layout)
@@ -137,10 +136,19 @@ def snapshot_in_container(c, image: str, size: str, work: Path, say: Say = print
         res = run.checkpoint(c, image, model, snap, extra=["--layout", layout])
         if res.exit_code != 0:
             raise ColdstartError(f"checkpoint of {size} in a container failed: {res.logs.strip().splitlines()[-1:]}")
+    require_layout(snap, layout)
+    return model, snap
+
+
+def require_layout(snap: Path, layout: str) -> None:
+    """A benchmark's snapshot, reused or just made, has ``layout``: else one clear error (a failed
+    recording keeps the images as dumped, and an old work dir may hold either)."""
+    from coldstart.errors import ColdstartError
+    from coldstart.pipeline.manifest import read_manifest
+
     got = "hot" if read_manifest(snap).layout else "dumped"
     if got != layout:
         raise ColdstartError(f"{snap} has the {got} layout, not {layout}: remove it to checkpoint again")
-    return model, snap
 
 
 def disk_bandwidth(snap: Path) -> dict:
