@@ -70,6 +70,10 @@ SAMPLE = [
     {"bench": "criu_cuda", "mode": "driver", "gib": 1.0, "lock_s": 0.1, "checkpoint_s": 0.4, "dump_s": 2.0,
      "restore_s": 1.0, "cuda_restore_s": 0.3, "unlock_s": 0.01, "same_pid": True, "verified": True},
     {"bench": "criu_cuda", "mode": "plugin", "error": "ColdstartError: criu dump failed: x"},
+    {"bench": "criu_cuda", "mode": "hot", "gib": 1.0, "host_gib": 1.0, "lock_s": 0.1, "checkpoint_s": 0.4,
+     "dump_s": 2.0, "pages_bytes": 3 << 30, "record_s": 1.5, "split_s": 0.5, "child_bytes": 1 << 30,
+     "parent_bytes": 3 << 30, "restore_s": 0.2, "cuda_restore_s": 0.9, "unlock_s": 0.01, "to_verified_s": 1.4,
+     "pages_read_bytes": 1 << 30, "same_pid": True, "verified": True, "verified_full": True},
     {"bench": "stage", "stage": "criu", "error": "skipped: time budget spent"},
 ]
 
@@ -86,7 +90,9 @@ def test_table_shows_limits_ratios_targets_and_failures():
     assert "1 errors: Boom: x" in t
     assert "| 1 | 0.01 | 0.5 | 0.4 | 0.01 | 2.0 | 2.5 | 1.0 | yes (1/1) |" in t
     assert "| 16 | error: CudaError: out of memory" in t
-    assert "| driver | 1.0 | 0.5 | 2.0 | 1.0 | 0.31 | True | True |" in t
+    assert "| driver | 1.0 / 0 | 0.5 | 2.0 | 1.0 | 0.31 |  |  | True | True / - |" in t
+    assert "| hot | 1.0 / 1.0 | 0.5 | 2.0 | 0.2 | 0.91 | 1.4 | 1.00 of 3.00 GiB | True | True / yes |" in t
+    assert "1.0 GiB: 1.00 GiB of 3.00 GiB of pages touched by the recording restore (1.5 s)" in t
     assert "| plugin |  | error: ColdstartError" in t
     assert "- criu: skipped: time budget spent" in t
 

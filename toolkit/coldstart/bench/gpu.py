@@ -287,14 +287,15 @@ class Holder:
     """``coldstart.gpu.holder`` in its own session, driven by signals and files (it may be dumped
     and restored by CRIU: then it is no longer our child, and its stdio must not be ours)."""
 
-    def __init__(self, nbytes: int, work: Path, *, log: bool = True):
+    def __init__(self, nbytes: int, work: Path, *, log: bool = True, host_bytes: int = 0):
         self.dir = work
         work.mkdir(parents=True, exist_ok=True)
         for f in ("ready.json", "verify.json"):
             (work / f).unlink(missing_ok=True)
         err = open(work / "holder.log", "w") if log else subprocess.DEVNULL
         self.proc = subprocess.Popen([sys.executable, "-m", "coldstart.gpu.holder", "--bytes", str(nbytes),
-                                      "--dir", str(work)], stdin=subprocess.DEVNULL, stdout=err, stderr=err,
+                                      "--host-bytes", str(host_bytes), "--dir", str(work)],
+                                     stdin=subprocess.DEVNULL, stdout=err, stderr=err,
                                      env=_env(), start_new_session=True, cwd="/")
         if log:
             err.close()
@@ -312,10 +313,11 @@ class Holder:
             time.sleep(0.05)
         return json.loads((self.dir / "ready.json").read_text())
 
-    def verify(self, timeout: float = 300.0) -> dict:
-        """Ask the holder to check its device memory; returns its verify.json."""
+    def verify(self, timeout: float = 300.0, *, full: bool = False) -> dict:
+        """Ask the holder to check its device memory (``full``: and its host memory); returns its
+        verify.json."""
         self.checks += 1
-        os.kill(self.pid, signal.SIGUSR1)
+        os.kill(self.pid, signal.SIGUSR2 if full else signal.SIGUSR1)
         deadline = time.monotonic() + timeout
         while True:
             p = self.dir / "verify.json"
@@ -429,13 +431,70 @@ def shim_dir(work: Path) -> Path:
     return command_dir(work / "shim")
 
 
-def criu_cuda_bench(work: Path, criu: Path, *, gib: float = 1.0, plugin_dir: Path | None = None,
-                    modes: tuple[str, ...] = ("driver", "driver_cold", "plugin"), say: Say = print) -> list[dict]:
+def _pages_read(images: Path) -> int:
+    """Bytes of the pages images (the child's and parent/'s) in the page cache: what a restore from
+    a dropped cache read."""
+    from coldstart.warm.residency import resident_bytes
+
+    return sum(resident_bytes(p)[0] for d in (images, images / "parent") for p in d.glob("pages-*.img"))
+
+
+def _stop_restored(pid: int) -> None:
+    """Kill a restored process and wait until its PID is free (the next restore reuses it)."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    for _ in range(200):
+        if not _alive(pid):
+            return
+        time.sleep(0.025)
+
+
+def _make_hot(images: Path, h: Holder, opts: dict, work: Path) -> dict[str, Any]:
+    """The pipeline's hot layout (pipeline/layout.py) on a GPU process: a recording restore from a
+    dropped cache, the CUDA state restored and the device memory checked (what the process does
+    before its 'first token'), the touched pages read from the page tables, the images split."""
+    from coldstart.bench.criu import drop_caches
+    from coldstart.criu import layout
+    from coldstart.criu.restore import RestoreOptions, restore
+    from coldstart.engine import cuda_checkpoint as driver
+    from coldstart.warm.residency import residency_vector
+
+    drop_caches()  # a page cached before the recording would be mapped by fault-around untouched
+    t0 = time.perf_counter()
+    os.environ[layout.RECORD_ENV] = "1"
+    try:
+        r = restore(images, RestoreOptions(**opts, mmap_pages=0, detach=True, work_dir=work))
+    finally:
+        os.environ.pop(layout.RECORD_ENV, None)
+    try:
+        driver.resume(r.pid)
+        v = h.verify()
+        if not v["ok"]:
+            raise RuntimeError(f"the recording restore's process failed its check: {v.get('error')}")
+        read = {p.name: residency_vector(p) for p in images.glob("pages-*.img")}
+        hot = layout.record(images, layout.tree_pids(r.pid), read)
+    finally:
+        _stop_restored(r.pid)
+    record_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    facts = layout.split(images, hot)
+    return {"record_s": round(record_s, 4), "split_s": round(time.perf_counter() - t0, 4),
+            "child_bytes": facts.total_child_bytes, "parent_bytes": facts.parent_bytes}
+
+
+def criu_cuda_bench(work: Path, criu: Path, *, gib: float = 1.0, host_gib: float = 0.0, plugin_dir: Path | None = None,
+                    modes: tuple[str, ...] = ("driver", "driver_cold", "plugin", "hot"), say: Say = print) -> list[dict]:
     """Dump and restore a GPU process with our patched CRIU, its CUDA state checkpointed first.
 
     ``driver``: our driver calls around CRIU (images in the page cache, as right after the dump);
     ``driver_cold``: the same with the page cache dropped before the restore (a node that did not
-    dump it); ``plugin``: CRIU's CUDA plugin does the CUDA steps inside dump and restore."""
+    dump it); ``plugin``: CRIU's CUDA plugin does the CUDA steps inside dump and restore; ``hot``:
+    driver_cold from the hot layout (a recording restore, then the images split; docs/criu.md).
+    The process also holds ``host_gib`` of host memory that its check reads only in the last, full
+    check: the restore need not read it, as a served process's first token does not need most of its
+    memory; ``pages_read_bytes`` is what the cold restores read before the device check passed."""
     from coldstart.criu.dump import DumpOptions, dump
     from coldstart.criu.restore import RestoreOptions, restore
     from coldstart.engine import cuda_checkpoint as driver
@@ -447,10 +506,10 @@ def criu_cuda_bench(work: Path, criu: Path, *, gib: float = 1.0, plugin_dir: Pat
         if mode == "plugin" and not (plugin_dir and (plugin_dir / "cuda_plugin.so").exists()):
             rows.append({"bench": "criu_cuda", "mode": mode, "error": "no cuda_plugin.so in the pack"})
             continue
-        row: dict[str, Any] = {"bench": "criu_cuda", "mode": mode, "gib": gib, "criu": str(criu)}
+        row: dict[str, Any] = {"bench": "criu_cuda", "mode": mode, "gib": gib, "host_gib": host_gib, "criu": str(criu)}
         wd = work / f"criu-{mode}"
         shutil.rmtree(wd, ignore_errors=True)
-        h = Holder(int(gib * GiB), wd / "holder", log=False)
+        h = Holder(int(gib * GiB), wd / "holder", log=False, host_bytes=int(host_gib * GiB))
         restored_pid = None
         old_path = os.environ.get("PATH", "")
         try:
@@ -460,7 +519,7 @@ def criu_cuda_bench(work: Path, criu: Path, *, gib: float = 1.0, plugin_dir: Pat
             if mode == "plugin":
                 extra = ["-L", str(plugin_dir)]
                 os.environ["PATH"] = f"{shim_dir(wd)}:{old_path}"
-            else:  # driver, driver_cold
+            else:  # driver, driver_cold, hot
                 s = driver.suspend(h.pid)
                 row.update(lock_s=round(s.first, 4), checkpoint_s=round(s.second, 4),
                            state_before_dump=driver.get_state(h.pid))
@@ -472,7 +531,15 @@ def criu_cuda_bench(work: Path, criu: Path, *, gib: float = 1.0, plugin_dir: Pat
                 h.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
-            if mode == "driver_cold":
+            checks_at_dump = h.checks
+            if mode == "hot":
+                row.update(_make_hot(wd / "images", h, simple, wd / "record"))
+                h.checks = checks_at_dump  # the next restore is the dumped process again
+                (h.dir / "verify.json").unlink(missing_ok=True)
+                say(f"  criu hot: {row['child_bytes'] / GiB:.2f} GiB of {row['parent_bytes'] / GiB:.2f} GiB touched "
+                    f"(recording {row['record_s']} s, split {row['split_s']} s)")
+            cold = mode in ("driver_cold", "hot")
+            if cold:
                 from coldstart.bench.criu import drop_caches
 
                 drop_caches()
@@ -488,13 +555,21 @@ def criu_cuda_bench(work: Path, criu: Path, *, gib: float = 1.0, plugin_dir: Pat
                 row.update(cuda_restore_s=round(u.first, 4), unlock_s=round(u.second, 4))
             row["state_running"] = driver.get_state(r.pid)
             v = h.verify()
+            row["to_verified_s"] = round(time.perf_counter() - t0, 4)
             row.update(verified=v["ok"], verify_error=v.get("error", ""), bad_regions=v.get("n_bad", 0),
                        verify_s=v["seconds"])
-            say(f"  criu {mode}: restored pid {r.pid} in {row['restore_s']} s; verified {v['ok']} {v.get('error', '')}")
+            if cold:
+                row["pages_read_bytes"] = _pages_read(wd / "images")
+            full = h.verify(full=True)
+            row.update(verified_full=full["ok"], host_ok=full.get("host_ok"))
+            say(f"  criu {mode}: restored pid {r.pid} in {row['restore_s']} s; verified {v['ok']} {v.get('error', '')}"
+                + (f"; read {row['pages_read_bytes'] / GiB:.2f} GiB of pages" if cold else "")
+                + f"; full check {full['ok']} {full.get('error', '')}")
         except Exception as e:  # noqa: BLE001 - the exact error is the finding
             row["error"] = f"{type(e).__name__}: {e}"
             say(f"  criu {mode}: ERROR {row['error']}")
             for key, log in (("dump_log_tail", wd / "images.dump-failed.log"),
+                             ("record_log_tail", wd / "record" / "restore.log"),
                              ("restore_log_tail", wd / "restore" / "restore.log")):
                 if log.exists():
                     row[key] = _error_lines(log)

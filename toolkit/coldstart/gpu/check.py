@@ -272,16 +272,27 @@ def render_table(records: list[dict], facts: dict[str, Any], command: str) -> st
     cr = [r for r in records if r.get("bench") == "criu_cuda"]
     L.append("## CRIU dump + restore of a GPU process (our patched CRIU, mmap restore)")
     if cr:
-        L.append("| mode | GiB | CUDA lock+checkpoint | criu dump | criu restore | CUDA restore+unlock | same pid | verified |")
-        L.append("|---|---|---|---|---|---|---|---|")
+        L.append("| mode | GiB (device / host) | CUDA lock+checkpoint | criu dump | criu restore | CUDA restore+unlock | "
+                 "restore to device checked | pages read, cold | same pid | verified (device / full) |")
+        L.append("|---|---|---|---|---|---|---|---|---|---|")
         for r in cr:
+            size = f"{r['gib']} / {r.get('host_gib', 0)}" if "gib" in r else ""
             if r.get("error"):
-                L.append(f"| {r['mode']} | {r.get('gib', '')} | error: {r['error'][:200]} | | | | | |")
+                L.append(f"| {r['mode']} | {size} | error: {r['error'][:200]} | | | | | | | |")
                 continue
             ck_s = round(r.get("lock_s", 0) + r.get("checkpoint_s", 0), 3) if "lock_s" in r else "(in dump)"
             rs_s = round(r.get("cuda_restore_s", 0) + r.get("unlock_s", 0), 3) if "cuda_restore_s" in r else "(in restore)"
-            L.append(f"| {r['mode']} | {r.get('gib')} | {ck_s} | {r.get('dump_s')} | {r.get('restore_s')} | {rs_s} | "
-                     f"{r.get('same_pid')} | {r.get('verified')}{' ' + r['verify_error'] if r.get('verify_error') else ''} |")
+            read = f"{r['pages_read_bytes'] / 2**30:.2f} of {r['pages_bytes'] / 2**30:.2f} GiB" if "pages_read_bytes" in r else ""
+            full = {True: "yes", False: "NO", None: "-"}[r.get("verified_full")]
+            L.append(f"| {r['mode']} | {size} | {ck_s} | {r.get('dump_s')} | {r.get('restore_s')} | {rs_s} | "
+                     f"{r.get('to_verified_s', '')} | {read} | {r.get('same_pid')} | "
+                     f"{r.get('verified')}{' ' + r['verify_error'] if r.get('verify_error') else ''} / {full} |")
+        hot = [r for r in cr if r.get("mode") == "hot" and "child_bytes" in r]
+        if hot:
+            L.append("")
+            L.append("Hot layout (docs/criu.md): " + "; ".join(
+                f"{r['gib']} GiB: {r['child_bytes'] / 2**30:.2f} GiB of {r['parent_bytes'] / 2**30:.2f} GiB of pages touched "
+                f"by the recording restore ({r['record_s']} s), split in {r['split_s']} s" for r in hot) + ".")
     else:
         L.append("not run")
     L.append("")
@@ -400,6 +411,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--criu", type=Path, default=None,
                    help="criu to use (default: the pack from scripts/gpu-pack, build/gpu-pack/criu/bin/criu)")
     p.add_argument("--criu-gib", default="1,4", help="device memory of the process CRIU dumps (GiB list)")
+    p.add_argument("--criu-host-gib", type=float, default=0.0,
+                   help="host memory that process also holds and its restore need not read (GiB)")
+    p.add_argument("--criu-modes", default="driver,driver_cold,plugin,hot",
+                   help="CRIU modes, comma-separated (driver, driver_cold, plugin, hot)")
     p.add_argument("--only", default="tests,loader,checkpoint,criu",
                    help="stages to run, comma-separated (tests, loader, checkpoint, criu)")
     p.add_argument("--retable", action="store_true",
@@ -476,9 +491,11 @@ def main(argv: list[str] | None = None) -> int:
                           "carry build/gpu-pack, or pass --criu"}])
             else:
                 plugins = criu.resolve().parent.parent / "plugins" if criu.name == "criu" else None
+                modes = tuple(m.strip() for m in a.criu_modes.split(",") if m.strip())
                 for gib in (float(x) for x in a.criu_gib.split(",") if x.strip()):
                     run.stage(f"criu {gib:g} GiB", lambda gib=gib: bench.criu_cuda_bench(
-                        work / "criu", criu, gib=gib, plugin_dir=plugins, say=run.say), end)
+                        work / "criu", criu, gib=gib, host_gib=a.criu_host_gib, plugin_dir=plugins, modes=modes,
+                        say=run.say), end)
     finally:
         shutil.rmtree(work, ignore_errors=True)
         run.write_table()

@@ -4,7 +4,8 @@ coldstart.gpu.holder --bytes N --dir D``.
 It talks to the driver directly (ctypes on libcuda, no torch: a small process for CRIU to dump),
 fills N bytes of device memory with seeded random data, writes ``D/ready.json`` and then waits for
 signals: SIGUSR1 copies everything back, checks each region's digest and writes ``D/verify.json``;
-SIGTERM ends it. Signals and files, not pipes, because the process is dumped and restored by CRIU
+SIGUSR2 does the same and also checks ``--host-bytes`` of seeded host memory that nothing else reads
+(the part of a served process a restore does not need before its first token); SIGTERM ends it. Signals and files, not pipes, because the process is dumped and restored by CRIU
 and its parent changes. It uses pageable host memory only (no pinned mappings for CRIU to meet).
 """
 from __future__ import annotations
@@ -37,8 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bytes", type=int, required=True)
     p.add_argument("--dir", type=Path, required=True)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--host-bytes", type=int, default=0)
     a = p.parse_args(argv)
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGTERM})
+    sigs = {signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM}
+    signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
     cu = libcuda()
     dev, ctx = ctypes.c_int(), ctypes.c_void_p()
     check(cu.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
@@ -60,12 +63,14 @@ def main(argv: list[str] | None = None) -> int:
         digests.append(xxhash.xxh3_64_intdigest(part))
         off += k
     del block
+    host = np.frombuffer(np.random.default_rng(a.seed + 1).bytes(a.host_bytes), dtype=np.uint8) if a.host_bytes else None
+    host_digest = xxhash.xxh3_64_intdigest(host) if host is not None else 0
     _write_json(a.dir / "ready.json", {"pid": os.getpid(), "bytes": n, "regions": len(digests),
                                        "fill_s": round(time.perf_counter() - t0, 4)})
     buf = np.empty(min(REGION, n), dtype=np.uint8)
     count = 0
     while True:
-        sig = signal.sigwait({signal.SIGUSR1, signal.SIGTERM})
+        sig = signal.sigwait(sigs)
         if sig == signal.SIGTERM:
             return 0
         count += 1
@@ -84,8 +89,13 @@ def main(argv: list[str] | None = None) -> int:
                 off += k
         except Exception as e:  # noqa: BLE001 - reported to the controller, which decides
             err = str(e)
+        host_ok = None
+        if sig == signal.SIGUSR2 and host is not None:
+            host_ok = xxhash.xxh3_64_intdigest(host) == host_digest
+            if not host_ok:
+                err = (err + "; " if err else "") + "host memory differs from what was written"
         _write_json(a.dir / "verify.json", {"n": count, "ok": not bad and not err, "bad_regions": bad[:20],
-                                            "n_bad": len(bad), "error": err, "pid": os.getpid(),
+                                            "n_bad": len(bad), "error": err, "pid": os.getpid(), "host_ok": host_ok,
                                             "seconds": round(time.perf_counter() - t0, 4)})
 
 

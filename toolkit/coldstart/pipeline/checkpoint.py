@@ -63,7 +63,8 @@ class CheckpointOptions:
 
 def default_layout(criu_variant: str, device: str) -> str:
     """The layout a checkpoint makes unless told: hot needs our patched CRIU (its recording restore
-    and parent-image mapping) and has not run on a GPU host."""
+    and parent-image mapping). GPU hosts keep dumped: the layout restores a CUDA process correctly
+    (H200, docs/gpu.md) but no GPU vLLM server has shown it a gain."""
     return "hot" if criu_variant == "patched" and device == "cpu" else "dumped"
 
 
