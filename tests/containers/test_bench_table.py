@@ -46,3 +46,30 @@ def test_host_events_join_the_entrypoints_timeline_on_its_clock():
                                    "FIRST_TOKEN"]
     assert out["events"]["CONTAINER_CREATE"] == 0.0123 and out["restored"] is True
     assert with_host_events({}, None, 0.2) == {"events": {"CONTAINER_STARTED": 0.2}}
+
+
+def test_the_warmings_own_cost_is_set_against_the_restore_with_host_warming():
+    rows = [{"size": "bench", "method": m, "cache": c, "rep": 0, "first_token_s": t, "restored": True, **extra}
+            for m, c, t, extra in [("restore", "warm", 2.0, {"disk_read_bytes": 0}),
+                                   ("restore+load", "warm", 2.5, {"host_warm": {"bytes": 3 * 2**29}}),
+                                   ("restore+hostwarm", "cold", 3.0, {})]]
+    t = render(rows, "Host: test", "coldstart bench container")
+    assert "| bench | 2.00 | 2.50 | 1.50 | 3.00 | **1.20x** |" in t
+
+
+def test_the_decoy_is_a_whole_copy_made_once_and_evicted_alone(tmp_path):
+    from coldstart.bench.containers import evict_tree, make_decoy
+    from coldstart.warm.residency import resident_bytes
+
+    snap = tmp_path / "bench-hot"
+    (snap / "criu" / "parent").mkdir(parents=True)
+    (snap / "criu" / "parent" / "pages-1.img").write_bytes(b"p" * (1 << 20))
+    (snap / "manifest.json").write_text("{}")
+    decoy = make_decoy(snap)
+    assert decoy == tmp_path / "bench-hot.decoy"
+    assert (decoy / "criu" / "parent" / "pages-1.img").read_bytes() == b"p" * (1 << 20)
+    (decoy / "marker").write_text("kept")
+    assert make_decoy(snap) == decoy and (decoy / "marker").exists()  # made once
+    evict_tree(decoy)
+    assert resident_bytes(decoy / "criu" / "parent" / "pages-1.img")[0] == 0
+    assert resident_bytes(snap / "criu" / "parent" / "pages-1.img")[0] > 0

@@ -66,11 +66,14 @@ def summary(ctr, deadline: float) -> dict:
 
 
 def one_start(c, image: str, method: str, model: Path, snap: Path, layers: list[Path] | None = None,
-              host_warm: dict | None = None, env: dict[str, str] | None = None) -> dict:
+              host_warm: dict | None = None, env: dict[str, str] | None = None, decoy: Path | None = None) -> dict:
     """One container start, timed from the docker-py create call (COLDSTART_T0, passed in) to the first
-    completion through the published port. ``method``: naive | restore | restore+hostwarm (``layers``:
-    the image's layer dirs, docker_api.image_layers, looked up before the clock starts; ``host_warm``:
-    run.HostWarm's shape, its defaults when None; ``env``: more of the restore container's environment)."""
+    completion through the published port. ``method``: naive | restore | restore+hostwarm |
+    restore+load (``layers``: the image's layer dirs, docker_api.image_layers, looked up before the
+    clock starts; ``host_warm``: run.HostWarm's shape, its defaults when None; ``env``: more of the
+    restore container's environment). restore+load: the plain restore, while the host warmer warms
+    ``decoy``, a cold copy of the snapshot, from the create call: the warming's load on the CPUs and
+    the disk without what it is for (make_decoy)."""
     from coldstart.containers import run
     from coldstart.engine.launcher import free_port
     from coldstart.bench.warm import block_device, device_read_bytes
@@ -79,12 +82,18 @@ def one_start(c, image: str, method: str, model: Path, snap: Path, layers: list[
     port = free_port()
     read0 = device_read_bytes(dev)
     t0, wall0 = time.monotonic(), time.time()
-    warmer = run.host_warm(snap, layers, **(host_warm or {})) if method == "restore+hostwarm" else None
+    warmer = None
+    if method == "restore+hostwarm":
+        warmer = run.host_warm(snap, layers, **(host_warm or {}))
+    elif method == "restore+load":
+        if decoy is None:
+            raise ValueError("restore+load needs a decoy (make_decoy)")
+        warmer = run.host_warm(decoy, layers, **(host_warm or {}))
     if method == "naive":
         ctr = run.create_naive(c, image, model, port)
     else:
         ctr = run.create_restore(c, image, snap, model, port, env={**(env or {}), "COLDSTART_T0": repr(wall0)},
-                                 host_warms=warmer is not None)
+                                 host_warms=method == "restore+hostwarm")
     row: dict = {"created_s": round(time.monotonic() - t0, 3)}
     try:
         ctr.start()
@@ -151,6 +160,30 @@ def require_layout(snap: Path, layout: str) -> None:
         raise ColdstartError(f"{snap} has the {got} layout, not {layout}: remove it to checkpoint again")
 
 
+def make_decoy(snap: Path) -> Path:
+    """A copy of ``snap`` beside it (``<name>.decoy``, made once): for restore+load, whose host warmer
+    reads it cold while the restore runs from a warm page cache. A copy, so that the warmer finds the
+    same files, the same node profile (it is keyed by the snapshot's id) and the same sizes."""
+    import shutil
+
+    decoy = snap.with_name(snap.name + ".decoy")
+    if not decoy.exists():
+        staged = snap.with_name(snap.name + ".decoy.tmp")
+        shutil.rmtree(staged, ignore_errors=True)
+        shutil.copytree(snap, staged, symlinks=True)
+        staged.rename(decoy)
+    return decoy
+
+
+def evict_tree(root: Path) -> None:
+    """Drop ``root``'s files from the page cache, and nothing else's."""
+    from coldstart.warm.residency import evict
+
+    for p in root.rglob("*"):
+        if p.is_file() and not p.is_symlink():
+            evict(p)
+
+
 def disk_bandwidth(snap: Path) -> dict:
     """The disk's sequential read bandwidth, on the snapshot's largest file (evicted before each read)."""
     from coldstart.bench.warm import best_bandwidth
@@ -164,7 +197,8 @@ def run_bench(c, image: str, cases: list[tuple[str, Path, Path]], *, reps: int, 
               naive_reps: int | None = None) -> list[dict]:
     """``cases``: (case label, model dir, snapshot dir); two cases of one model (two layouts) share its
     naive starts, run with the first. One record per (case, method, cache, rep);
-    restore+hostwarm runs in cold cells only (with a warm cache it is the plain restore). The order of
+    restore+hostwarm runs in cold cells only (with a warm cache it is the plain restore), restore+load
+    in warm cells only (its decoy evicted before each start). The order of
     the methods turns around every repetition. Before them, per snapshot, one restore that is the
     first on this node (row "first-on-node"). A warm restore cell follows one unmeasured restore of
     the same snapshot (row "prewarm"): else whatever ran before it (a naive start, a dropped cache)
@@ -177,6 +211,7 @@ def run_bench(c, image: str, cases: list[tuple[str, Path, Path]], *, reps: int, 
     from coldstart.warm.snapshot import node_profile
 
     layers = image_layers(c, image)
+    decoys = {snap: make_decoy(snap) for _, _, snap in cases} if "restore+load" in methods else {}
     naive_case = {}
     for size, model, _ in cases:
         naive_case.setdefault(model, size)
@@ -201,17 +236,21 @@ def run_bench(c, image: str, cases: list[tuple[str, Path, Path]], *, reps: int, 
         for size, model, snap in cases:
             for cache in caches:
                 ms = [m for m in methods if not (m == "restore+hostwarm" and cache == "warm")
+                      and not (m == "restore+load" and cache == "cold")
                       and not (m == "naive" and (rep >= (reps if naive_reps is None else naive_reps)
                                                  or naive_case[model] != size))]
                 for method in (ms if rep % 2 == 0 else ms[::-1]):
+                    decoy = decoys.get(snap)
                     if cache == "cold":
                         drop_caches()
-                    elif method == "restore":
+                    elif method in ("restore", "restore+load"):
                         rows.append({"size": size, "method": "prewarm", "cache": cache, "rep": rep,
-                                     **one_start(c, image, method, model, snap, layers)})
+                                     **one_start(c, image, "restore", model, snap, layers)})
                         say(json.dumps(rows[-1]))
+                    if method == "restore+load":
+                        evict_tree(decoy)
                     row = {"size": size, "method": method, "cache": cache, "rep": rep, "model": model.name,
-                           **one_start(c, image, method, model, snap, layers)}
+                           **one_start(c, image, method, model, snap, layers, decoy=decoy)}
                     rows.append(row)
                     say(json.dumps(row))
     return rows
@@ -267,6 +306,22 @@ def render(rows: list[dict], host: str, command: str) -> str:
         bound = max(warm, read_s)
         L.append(f"| {size} | {disk['gib_s']:.2f} | {nbytes / 2**30:.2f} | {read_s:.2f} | {warm:.2f} | {bound:.2f} "
                  f"| {hw:.2f} | **{hw / bound:.2f}x** | {fmt(cold)} |")
+    loaded = [size for size in sizes if any(r["size"] == size and r["method"] == "restore+load" for r in rows)]
+    if loaded:
+        L += ["", "The warming's own cost: a warm restore while the same host warmer, started at the create "
+              "call, reads a cold copy of the snapshot (restore+load). It waits for no byte: what it loses to "
+              "the warm restore is what reading those bytes on this host costs the restore (CPU, the disk's "
+              "queue), which no order of the same reads removes. The copy's image-layer files are the real "
+              "ones, already cached, so it carries a little less load than the real warming.", "",
+              "| model | warm restore (s) | warm restore under the warmer's load (s) | the warmer read (GiB) "
+              "| restore + host warming, cold (s) | ratio to the loaded warm restore |", "|---|---|---|---|---|---|"]
+        for size in loaded:
+            sel = lambda m, c: [r for r in rows if r["size"] == size and r["method"] == m and r.get("cache") == c]  # noqa: E731
+            warm, load, hw = _med(sel("restore", "warm")), _med(sel("restore+load", "warm")), _med(sel("restore+hostwarm", "cold"))
+            hb = [r["host_warm"]["bytes"] for r in sel("restore+load", "warm") if (r.get("host_warm") or {}).get("bytes")]
+            gib = f"{statistics.median(hb) / 2**30:.2f}" if hb else "-"
+            ratio = f"**{hw / load:.2f}x**" if hw and load else "-"
+            L.append(f"| {size} | {fmt(warm)} | {fmt(load)} | {gib} | {fmt(hw)} | {ratio} |")
     warm_reads = {size: _med([r for r in rows if r["size"] == size and r["method"] == "restore"
                               and r.get("cache") == "warm"], "disk_read_bytes") for size in sizes}
     if any(v is not None for v in warm_reads.values()):
