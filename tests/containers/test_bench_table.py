@@ -58,6 +58,8 @@ def test_the_warmings_own_cost_is_set_against_the_restore_with_host_warming():
 
 
 def test_the_decoy_is_a_whole_copy_made_once_and_evicted_alone(tmp_path):
+    import os
+
     from coldstart.bench.containers import evict_tree, make_decoy
     from coldstart.warm.residency import resident_bytes
 
@@ -65,8 +67,9 @@ def test_the_decoy_is_a_whole_copy_made_once_and_evicted_alone(tmp_path):
     (snap / "criu" / "parent").mkdir(parents=True)
     (snap / "criu" / "parent" / "pages-1.img").write_bytes(b"p" * (1 << 20))
     (snap / "manifest.json").write_text("{}")
+    os.mkfifo(snap / "fifo")  # the run dir's sockets and FIFOs are left out
     decoy = make_decoy(snap)
-    assert decoy == tmp_path / "bench-hot.decoy"
+    assert decoy == tmp_path / "bench-hot.decoy" and not (decoy / "fifo").exists()
     assert (decoy / "criu" / "parent" / "pages-1.img").read_bytes() == b"p" * (1 << 20)
     (decoy / "marker").write_text("kept")
     assert make_decoy(snap) == decoy and (decoy / "marker").exists()  # made once

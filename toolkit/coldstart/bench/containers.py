@@ -11,6 +11,7 @@ cache first (the snapshot, the image's files, the model); the methods' order tur
 from __future__ import annotations
 
 import json
+import os
 import socket
 import statistics
 import time
@@ -166,11 +167,17 @@ def make_decoy(snap: Path) -> Path:
     same files, the same node profile (it is keyed by the snapshot's id) and the same sizes."""
     import shutil
 
+    import stat
+
+    def special(d: str, names: list[str]) -> list[str]:  # sockets and FIFOs of run/: nothing reads them
+        return [n for n in names if not stat.S_ISREG(m := os.lstat(os.path.join(d, n)).st_mode)
+                and not stat.S_ISDIR(m) and not stat.S_ISLNK(m)]
+
     decoy = snap.with_name(snap.name + ".decoy")
     if not decoy.exists():
         staged = snap.with_name(snap.name + ".decoy.tmp")
         shutil.rmtree(staged, ignore_errors=True)
-        shutil.copytree(snap, staged, symlinks=True)
+        shutil.copytree(snap, staged, symlinks=True, ignore=special)
         staged.rename(decoy)
     return decoy
 
