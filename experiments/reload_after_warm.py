@@ -7,7 +7,8 @@ Three starts of the bench model's hot snapshot, host warming on (HostWarm's defa
 the reload finds every byte it needs; the rest is as cold) and ``warm`` (a plain warm restore).
 If ``weights`` reloads like ``warm``, the reload waits for the weights' arrival; if like ``cold``,
 it is slowed by what else the cold restore does meanwhile (the restored processes' faults, the
-warmer's CPU).
+warmer's CPU). ``cold-noverlap``: ``cold`` with the map reload prepacking only after its populate
+(COLDSTART_PREPACK_OVERLAP=0 in the container), to see what the overlap gains there.
 
     .venv/bin/python experiments/reload_after_warm.py --reps 3 \\
         --out results/spot-checks/host-warm-shape/bench-reload-after-warm.jsonl
@@ -32,6 +33,7 @@ def main() -> None:
     ap.add_argument("--size", default="bench")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--work", type=Path, default=Path("/var/tmp/coldstart-bench-container"))
+    ap.add_argument("--variants", default="cold,weights,warm")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     c = docker_api.client(None)
@@ -40,7 +42,7 @@ def main() -> None:
     model, snap = snapshot_in_container(c, img.tag, a.size, a.work, say=print)
     weights = snap / read_manifest(snap).weights["flat"]
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    variants = ["cold", "weights", "warm"]
+    variants = [v for v in a.variants.split(",") if v]
     with open(a.out, "w") as out:
         for rep in range(a.reps):
             for v in (variants if rep % 2 == 0 else variants[::-1]):
@@ -49,9 +51,10 @@ def main() -> None:
                     row = one_start(c, img.tag, "restore", model, snap, layers)
                 else:
                     drop_caches()
-                    if v == "weights":
+                    if v == "weights":  # (cold, cold-noverlap: nothing more)
                         warm_file(weights)
-                    row = one_start(c, img.tag, "restore+hostwarm", model, snap, layers)
+                    env = {"COLDSTART_PREPACK_OVERLAP": "0"} if v == "cold-noverlap" else None
+                    row = one_start(c, img.tag, "restore+hostwarm", model, snap, layers, env=env)
                 ev, attrs = row.get("events") or {}, row.get("event_attrs") or {}
                 w = attrs.get("WEIGHTS_LOADED") or {}
                 print(json.dumps({"variant": v, "rep": rep, "first_token_s": row.get("first_token_s"),
