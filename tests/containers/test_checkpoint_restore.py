@@ -105,6 +105,17 @@ def test_host_warms_the_restores_helpers_and_the_snapshots_metadata_first(docker
     assert w.stats is not None and w.stats.bytes > 0
 
 
+def test_the_early_files_of_a_hot_layout_include_the_parents_pagemaps(tmp_path):
+    snap = tmp_path / "snap"
+    (snap / "criu" / "parent").mkdir(parents=True)
+    for rel in ("manifest.json", "criu/inventory.img", "criu/pagemap-1.img", "criu/pages-1.img",
+                "criu/parent/pagemap-1.img", "criu/parent/pages-1.img"):
+        (snap / rel).write_bytes(b"x")
+    files = run.early_files(snap)
+    assert snap / "criu" / "parent" / "pagemap-1.img" in files and snap / "criu" / "pagemap-1.img" in files
+    assert not any(f.name.startswith("pages-") for f in files)
+
+
 def test_three_containers_restore_the_same_read_only_snapshot_at_once(docker_client, app_image, container_snapshot,
                                                                       tiny_model_dir):
     ports = [free_port() for _ in range(3)]

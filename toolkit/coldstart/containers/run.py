@@ -286,7 +286,8 @@ def early_files(snapshot: Path, remap=None) -> list[Path]:
     entrypoint's own files (the node's recorded profile, ranges of source "process", through
     ``remap``), the snapshot's manifest, the restore's helper programs and libraries (the image's
     helpers.RESTORE_FILES list, through ``remap``), then the snapshot's small files CRIU and the
-    wrapper open: its metadata images (not the pages), the shm and link-remap copies, the run dir's
+    wrapper open: its metadata images (not the pages; with the hot layout, the parent's pagemaps
+    too), the shm and link-remap copies, the run dir's
     files the server holds open (not the rest of run/: the checkpoint's compile cache, 150 MB for the
     bench model, is not read before the first token)."""
     from coldstart.containers.helpers import RESTORE_FILES
@@ -305,6 +306,8 @@ def early_files(snapshot: Path, remap=None) -> list[Path]:
         except OSError:
             pass  # an image built before the list existed
     out += [p for p in sorted((snapshot / "criu").glob("*.img")) if not p.name.startswith("pages-")]
+    # the hot layout: CRIU reads the dumped pagemaps too, to find the pages the child leaves to them
+    out += sorted((snapshot / "criu" / "parent").glob("pagemap-*.img"))
     for sub in ("shm", "link-remaps"):
         if (snapshot / sub).is_dir():
             out += sorted(p for p in (snapshot / sub).iterdir() if p.is_file())
