@@ -138,9 +138,10 @@ def file_read_bandwidth(path: Path, *, threads: int, cache: str, o_direct: bool,
 # loader
 
 
-def make_data(work: Path, gib: float, say: Say) -> dict[str, Any]:
+def make_data(work: Path, gib: float, say: Say, device: str = "cuda") -> dict[str, Any]:
     """A model-shaped set of tensors (bf16 matrices of 16-256 MiB, small fp32 vectors) written as our
-    flat dump and as one safetensors file; a GPU copy is kept as the reference for bit-exact checks."""
+    flat dump and as one safetensors file; a copy on ``device`` is kept as the reference for
+    bit-exact checks."""
     import torch
     from safetensors.torch import save_file
 
@@ -150,13 +151,13 @@ def make_data(work: Path, gib: float, say: Say) -> dict[str, Any]:
     sizes = [256 * MiB, 128 * MiB, 64 * MiB, 16 * MiB]
     named: dict[str, Any] = {}
     i = done = 0
-    g = torch.Generator(device="cuda").manual_seed(0)
+    g = torch.Generator(device=device).manual_seed(0)
     while done < total:
         nb = min(sizes[i % len(sizes)], total - done)
         rows = max(1, nb // 2 // 4096)
-        t = torch.randint(-32768, 32767, (rows, 4096), dtype=torch.int16, device="cuda", generator=g).view(torch.bfloat16)
+        t = torch.randint(-32768, 32767, (rows, 4096), dtype=torch.int16, device=device, generator=g).view(torch.bfloat16)
         named[f"layers.{i}.weight"] = t
-        named[f"layers.{i}.norm"] = torch.randn(4096, dtype=torch.float32, device="cuda", generator=g)
+        named[f"layers.{i}.norm"] = torch.randn(4096, dtype=torch.float32, device=device, generator=g)
         done += t.numel() * 2 + 4096 * 4
         i += 1
     cpu = {k: v.cpu() for k, v in named.items()}
@@ -194,60 +195,95 @@ LOADER_CASES: dict[str, dict[str, Any]] = {
     "coldstart_t16_c32": {"threads": 16, "chunk_bytes": 32 * MiB},  # warm only (a sweep)
     "coldstart_t24": {"threads": 24},  # warm only
 }
-ONE_CACHE = {"coldstart_buffered": "cold", "coldstart_t16_c32": "warm", "coldstart_t24": "warm",
-             "read_direct": "cold", "read_buffered_t24": "warm"}
+ONE_CACHE = {"coldstart_buffered": "cold", "coldstart_direct": "cold", "coldstart_t16_c32": "warm",
+             "coldstart_t24": "warm", "read_direct": "cold", "read_buffered_t24": "warm"}
+# into host memory (the GPU machine's CPU as one more host for the loader; bench "loader_cpu")
+CPU_LOADER_CASES: dict[str, dict[str, Any]] = {
+    "coldstart": {},  # the defaults for a CPU destination (what `coldstart bench load` measures)
+    "coldstart_verify": {"verify": True},
+    "coldstart_buffered": {"direct": False},  # cold only
+    "coldstart_direct": {"direct": True},  # cold only
+}
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
 
 
 def loader_bench(work: Path, *, gib: float = 4.0, reps: int = 3, threads: int = 8, loader_threads: int | None = None,
-                 say: Say = print) -> list[dict]:
-    """Loader into CUDA vs its limits and vs safetensors, cold and warm page cache, interleaved.
-    ``threads``: the file-read limit's base thread count; ``loader_threads``: forced on every loader
-    case that names none (None: the loader's own default, which is what the ``coldstart`` case measures)."""
-    import torch
+                 device: str = "cuda", say: Say = print) -> list[dict]:
+    """Loader into ``device`` memory (cuda, or cpu: host memory) vs its limits and vs safetensors,
+    cold and warm page cache, interleaved. The limits: the file's read bandwidth and, into CUDA, the
+    pinned host-to-device copy. ``threads``: the file-read limit's base thread count;
+    ``loader_threads``: forced on every loader case that names none (None: the loader's own default,
+    which is what the ``coldstart`` case measures)."""
     from safetensors.torch import load_file
 
     from coldstart.weights.loader import alloc_like_index, default_threads, load_into
 
-    data = make_data(work, gib, say)
+    data = make_data(work, gib, say, device=device)
     flat, stp, ref, nbytes = data["flat"], data["safetensors"], data["ref"], data["bytes"]
     data_file = flat / "weights.flat"
-    dest = alloc_like_index(flat, device="cuda")
+    dest = alloc_like_index(flat, device=device)
+    cases = LOADER_CASES if device == "cuda" else CPU_LOADER_CASES
     rows: list[dict] = []
-    base = {"bench": "loader", "bytes": nbytes, "tensors": data["tensors"], "threads": threads,
-            "loader_default_threads": default_threads("cuda")}
+    base = {"bench": "loader" if device == "cuda" else "loader_cpu", "bytes": nbytes, "tensors": data["tensors"],
+            "threads": threads, "loader_default_threads": default_threads(device)}
 
     def rec(case: str, cache: str, rep: int, **kw) -> None:
         r = dict(base, case=case, cache=cache, rep=rep, **kw)
         rows.append(r)
         say(f"  {case:<22} {cache:<4} rep {rep}: " + ", ".join(f"{k}={v}" for k, v in kw.items()))
 
-    rows.append(dict(base, case="h2d_pinned", cache="-", rep=0, **h2d_bandwidth()))
-    say(f"  pinned H2D: {rows[-1]['h2d_gib_s']} GiB/s")
+    if device == "cuda":
+        rows.append(dict(base, case="h2d_pinned", cache="-", rep=0, **h2d_bandwidth()))
+        say(f"  pinned H2D: {rows[-1]['h2d_gib_s']} GiB/s")
     reads = {"read_buffered": (threads, False), "read_buffered_t16": (16, False), "read_buffered_t24": (24, False),
              "read_direct": (threads, True)}
+    one_cache = dict(ONE_CACHE)
+    mem = None
+    if device == "cpu":
+        # warm, the limit of a load into host memory is the copy out of the page cache into a touched
+        # buffer of the model's size (bench load's limit-mem), not a read into a reused small one
+        from coldstart.bench.weights import MemLimit
+
+        mem = MemLimit(data_file)
+        reads.update({f"read_mem_t{n}": (n, False) for n in (4, 8, 16)})
+        one_cache.update({"read_buffered": "cold", "read_buffered_t16": "cold", "read_buffered_t24": "none",
+                          **{f"read_mem_t{n}": "warm" for n in (4, 8, 16)}})
     for rep in range(reps):
         for cache in ("cold", "warm"):
-            order = [*reads, *LOADER_CASES, "safetensors"]
+            order = [*reads, *cases, "safetensors"]
             if rep % 2:
                 order.reverse()
             for case in order:
-                if ONE_CACHE.get(case, cache) != cache:  # cells measured under one cache state only
+                if one_cache.get(case, cache) != cache:  # cells measured under one cache state only
                     continue
                 try:
-                    if case in reads:
+                    if case.startswith("read_mem"):
+                        res = _cache(data_file, cache)
+                        t0 = time.perf_counter()
+                        mem.run(reads[case][0], 64 * MiB)
+                        secs = time.perf_counter() - t0
+                        rec(case, cache, rep, gib_s=round(data_file.stat().st_size / secs / GiB, 3), seconds=round(secs, 4),
+                            resident_before=res, read_threads=reads[case][0])
+                    elif case in reads:
                         n, direct = reads[case]
                         r = file_read_bandwidth(data_file, threads=n, cache=cache, o_direct=direct)
                         rec(case, cache, rep, gib_s=r["gib_s"], seconds=r["seconds"], resident_before=r["resident_before"],
                             read_threads=n)
-                    elif case in LOADER_CASES:
-                        kw = dict({"threads": loader_threads} if loader_threads else {}, **LOADER_CASES[case])
+                    elif case in cases:
+                        kw = dict({"threads": loader_threads} if loader_threads else {}, **cases[case])
                         for t in dest.values():
                             t.zero_()
-                        torch.cuda.synchronize()
+                        _sync(device)
                         res = _cache(data_file, cache)
                         t0 = time.perf_counter()
                         st = load_into(flat, dest, **kw)
-                        torch.cuda.synchronize()
+                        _sync(device)
                         secs = time.perf_counter() - t0
                         bad = _equal(dest, ref) if rep == 0 else ""
                         rec(case, cache, rep, gib_s=round(nbytes / secs / GiB, 3), seconds=round(secs, 4),
@@ -259,17 +295,24 @@ def loader_bench(work: Path, *, gib: float = 4.0, reps: int = 3, threads: int = 
                     else:
                         res = _cache(stp, cache)
                         t0 = time.perf_counter()
-                        out = load_file(str(stp), device="cuda:0")
-                        torch.cuda.synchronize()
+                        out = load_file(str(stp), device="cuda:0" if device == "cuda" else "cpu")
+                        if device == "cpu":  # mapped lazily: copied into the model's tensors, as a load does
+                            for k, v in out.items():
+                                dest[k].copy_(v)
+                            out = dest
+                        _sync(device)
                         secs = time.perf_counter() - t0
                         bad = _equal(out, ref) if rep == 0 else ""
-                        del out
+                        out = None
                         rec(case, cache, rep, gib_s=round(nbytes / secs / GiB, 3), seconds=round(secs, 4),
                             resident_before=res, checked=rep == 0, mismatch=bad)
                 except Exception as e:  # noqa: BLE001 - one failed cell must not end the run
                     rec(case, cache, rep, error=f"{type(e).__name__}: {e}")
     del dest
-    torch.cuda.empty_cache()
+    if device == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
     return rows
 
 

@@ -159,6 +159,76 @@ def paired(ld: list[dict], cache: str, h2d: float | None, case: str = "coldstart
     return f"{statistics.median(ratios):.2f}x ({', '.join(f'{x:.2f}' for x in ratios)})"
 
 
+def _loader_lines(ld: list[dict], cpu: bool) -> list[str]:
+    """The loader section's lines: medians per case and cache, and the ratios to the limits (into
+    CUDA: min(pinned H2D, best file read); into host memory: the best file read)."""
+    L: list[str] = []
+    h2d = None if cpu else _med([r.get("h2d_gib_s") for r in ld if r.get("case") == "h2d_pinned"])
+    nbytes = next((r.get("bytes") for r in ld if r.get("bytes")), 0)
+    dflt = next((r.get("loader_default_threads") for r in ld if r.get("loader_default_threads")), None)
+    L.append(f"{nbytes / 2**30:.2f} GiB in {next((r.get('tensors') for r in ld if r.get('tensors')), '?')} tensors"
+             + (f"; `coldstart` = the loader's defaults ({dflt} readers here)" if dflt else "")
+             + (f"; pinned host-to-device copy: **{h2d} GiB/s**" if not cpu else ""))
+    L.append("")
+    L.append("| case | cold | warm |")
+    L.append("|---|---|---|")
+    med: dict[tuple[str, str], float | None] = {}
+    cases = list(dict.fromkeys(r.get("case") for r in ld if r.get("case") not in (None, "h2d_pinned")))
+    for case in cases:
+        cells = []
+        for cache in ("cold", "warm"):
+            rs = [r for r in ld if r.get("case") == case and r.get("cache") == cache]
+            errs = [r["error"] for r in rs if r.get("error")]
+            bad = [r["mismatch"] for r in rs if r.get("mismatch")]
+            m = med[(case, cache)] = _med([r.get("gib_s") for r in rs if not r.get("error")])
+            cell = "-" if not rs else (f"{m}" if m is not None else "error")
+            if bad:
+                cell += f" (WRONG DATA: {bad[0]})"
+            if errs:
+                cell += f" ({len(errs)} errors: {errs[0][:80]})"
+            cells.append(cell)
+        L.append(f"| {case} | {cells[0]} | {cells[1]} |")
+    L.append("")
+    L.append("| ratio | cold | warm | target |")
+    L.append("|---|---|---|---|")
+    lim: dict[str, float | None] = {}
+    best: dict[str, tuple[str, float] | None] = {}
+    for cache in ("cold", "warm"):
+        reads = [v for (c, k), v in med.items() if k == cache and c.startswith("read_") and v]
+        lim[cache] = (max(reads) if cpu else min(h2d, max(reads)) if h2d else None) if reads else None
+        ours = [(c, v) for (c, k), v in med.items() if k == cache and c.startswith("coldstart") and v
+                and c != "coldstart_verify"]
+        best[cache] = max(ours, key=lambda x: x[1]) if ours else None
+
+    def ratio(a, b):
+        return f"{a / b:.2f}x" if a and b else "-"
+
+    def best_ratio(cache, b):
+        return f"{ratio(best[cache][1], b)} ({best[cache][0]})" if best[cache] else "-"
+
+    what = "best read (cold: of the file; warm: into a touched buffer of its size)" if cpu else "min(H2D, best file read)"
+    L.append(f"| limit = {what} | {lim['cold']} | {lim['warm']} | |")
+    L.append(f"| coldstart / limit | {ratio(med.get(('coldstart', 'cold')), lim['cold'])} | "
+             f"{ratio(med.get(('coldstart', 'warm')), lim['warm'])} | >= 0.9x |")
+    if len([c for c in cases if c.startswith("coldstart")]) > 2:
+        L.append(f"| best coldstart config / limit | {best_ratio('cold', lim['cold'])} | "
+                 f"{best_ratio('warm', lim['warm'])} | >= 0.9x |")
+    L.append(f"| coldstart / limit, paired per repetition (median) | {paired(ld, 'cold', h2d)} | "
+             f"{paired(ld, 'warm', h2d)} | >= 0.9x |")
+    if any(c == "coldstart_coord" for c in cases):
+        L.append(f"| coldstart, one coordinator issuing the copies / limit, paired | "
+                 f"{paired(ld, 'cold', h2d, 'coldstart_coord')} | {paired(ld, 'warm', h2d, 'coldstart_coord')} | |")
+    L.append(f"| coldstart+verify / limit | {ratio(med.get(('coldstart_verify', 'cold')), lim['cold'])} | "
+             f"{ratio(med.get(('coldstart_verify', 'warm')), lim['warm'])} | |")
+    L.append(f"| coldstart / safetensors | {ratio(med.get(('coldstart', 'cold')), med.get(('safetensors', 'cold')))} | "
+             f"{ratio(med.get(('coldstart', 'warm')), med.get(('safetensors', 'warm')))} | >= 2x cold |")
+    st_cold = med.get(("safetensors", "cold"))
+    if st_cold and lim["cold"]:
+        L.append(f"| bound: limit / safetensors (the most any loader can gain) | {ratio(lim['cold'], st_cold)} | "
+                 f"{ratio(lim['warm'], med.get(('safetensors', 'warm')))} | |")
+    return L
+
+
 def render_table(records: list[dict], facts: dict[str, Any], command: str) -> str:
     """table.md from the records (also from a partial run: missing stages say so)."""
     L = [f"# GPU check: {facts.get('gpu', '?')}", "",
@@ -179,74 +249,14 @@ def render_table(records: list[dict], facts: dict[str, Any], command: str) -> st
         L.append("not run")
     L.append("")
 
-    ld = [r for r in records if r.get("bench") == "loader"]
-    L.append("## Loader into CUDA memory vs its limits (GiB/s)")
-    if ld:
-        h2d = _med([r.get("h2d_gib_s") for r in ld if r.get("case") == "h2d_pinned"])
-        nbytes = next((r.get("bytes") for r in ld if r.get("bytes")), 0)
-        dflt = next((r.get("loader_default_threads") for r in ld if r.get("loader_default_threads")), None)
-        L.append(f"{nbytes / 2**30:.2f} GiB in {next((r.get('tensors') for r in ld if r.get('tensors')), '?')} tensors"
-                 + (f"; `coldstart` = the loader's defaults ({dflt} readers here)" if dflt else "")
-                 + f"; pinned host-to-device copy: **{h2d} GiB/s**")
+    for bench_name, title in (("loader", "## Loader into CUDA memory vs its limits (GiB/s)"),
+                              ("loader_cpu", "## Loader into host memory (this machine's CPUs) vs the file-read limit (GiB/s)")):
+        ld = [r for r in records if r.get("bench") == bench_name]
+        if bench_name == "loader_cpu" and not ld:
+            continue  # an optional stage: no section when it was not asked for
+        L.append(title)
+        L += _loader_lines(ld, bench_name == "loader_cpu") if ld else ["not run"]
         L.append("")
-        L.append("| case | cold | warm |")
-        L.append("|---|---|---|")
-        med: dict[tuple[str, str], float | None] = {}
-        cases = list(dict.fromkeys(r.get("case") for r in ld if r.get("case") not in (None, "h2d_pinned")))
-        for case in cases:
-            cells = []
-            for cache in ("cold", "warm"):
-                rs = [r for r in ld if r.get("case") == case and r.get("cache") == cache]
-                errs = [r["error"] for r in rs if r.get("error")]
-                bad = [r["mismatch"] for r in rs if r.get("mismatch")]
-                m = med[(case, cache)] = _med([r.get("gib_s") for r in rs if not r.get("error")])
-                cell = "-" if not rs else (f"{m}" if m is not None else "error")
-                if bad:
-                    cell += f" (WRONG DATA: {bad[0]})"
-                if errs:
-                    cell += f" ({len(errs)} errors: {errs[0][:80]})"
-                cells.append(cell)
-            L.append(f"| {case} | {cells[0]} | {cells[1]} |")
-        L.append("")
-        L.append("| ratio | cold | warm | target |")
-        L.append("|---|---|---|---|")
-        lim: dict[str, float | None] = {}
-        best: dict[str, tuple[str, float] | None] = {}
-        for cache in ("cold", "warm"):
-            reads = [v for (c, k), v in med.items() if k == cache and c.startswith("read_") and v]
-            lim[cache] = min(h2d, max(reads)) if (h2d and reads) else None
-            ours = [(c, v) for (c, k), v in med.items() if k == cache and c.startswith("coldstart") and v
-                    and c != "coldstart_verify"]
-            best[cache] = max(ours, key=lambda x: x[1]) if ours else None
-
-        def ratio(a, b):
-            return f"{a / b:.2f}x" if a and b else "-"
-
-        def best_ratio(cache, b):
-            return f"{ratio(best[cache][1], b)} ({best[cache][0]})" if best[cache] else "-"
-
-        L.append(f"| limit = min(H2D, best file read) | {lim['cold']} | {lim['warm']} | |")
-        L.append(f"| coldstart / limit | {ratio(med.get(('coldstart', 'cold')), lim['cold'])} | "
-                 f"{ratio(med.get(('coldstart', 'warm')), lim['warm'])} | >= 0.9x |")
-        if len([c for c in cases if c.startswith("coldstart")]) > 2:
-            L.append(f"| best coldstart config / limit | {best_ratio('cold', lim['cold'])} | "
-                     f"{best_ratio('warm', lim['warm'])} | >= 0.9x |")
-        L.append(f"| coldstart / limit, paired per repetition (median) | {paired(ld, 'cold', h2d)} | "
-                 f"{paired(ld, 'warm', h2d)} | >= 0.9x |")
-        if any(c == "coldstart_coord" for c in cases):
-            L.append(f"| coldstart, one coordinator issuing the copies / limit, paired | "
-                     f"{paired(ld, 'cold', h2d, 'coldstart_coord')} | {paired(ld, 'warm', h2d, 'coldstart_coord')} | |")
-        L.append(f"| coldstart+verify / limit | {ratio(med.get(('coldstart_verify', 'cold')), lim['cold'])} | "
-                 f"{ratio(med.get(('coldstart_verify', 'warm')), lim['warm'])} | |")
-        L.append(f"| coldstart / safetensors | {ratio(med.get(('coldstart', 'cold')), med.get(('safetensors', 'cold')))} | "
-                 f"{ratio(med.get(('coldstart', 'warm')), med.get(('safetensors', 'warm')))} | >= 2x cold |")
-        st_cold = med.get(("safetensors", "cold"))
-        if st_cold and lim["cold"]:
-            L.append(f"| bound: limit / safetensors (the most any loader can gain) | {ratio(lim['cold'], st_cold)} | "
-                     f"{ratio(lim['warm'], med.get(('safetensors', 'warm')))} | |")
-    else:
-        L.append("not run")
-    L.append("")
 
     ck = [r for r in records if r.get("bench") == "cuda_checkpoint"]
     L.append("## CUDA driver checkpoint of a process holding device memory (seconds)")
@@ -416,7 +426,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--criu-modes", default="driver,driver_cold,plugin,hot",
                    help="CRIU modes, comma-separated (driver, driver_cold, plugin, hot)")
     p.add_argument("--only", default="tests,loader,checkpoint,criu",
-                   help="stages to run, comma-separated (tests, loader, checkpoint, criu)")
+                   help="stages to run, comma-separated (tests, loader, checkpoint, criu; and loader-cpu, not by "
+                        "default: the loader into host memory, this machine's CPUs as one more host)")
     p.add_argument("--retable", action="store_true",
                    help="only re-render OUTDIR/table.md from its results.jsonl, facts.json and COMMAND (no GPU needed)")
     p.add_argument("--budget-s", type=float, default=540.0,
@@ -480,6 +491,10 @@ def main(argv: list[str] | None = None) -> int:
                                                            threads=a.threads, loader_threads=a.loader_threads,
                                                            say=run.say), end)
             shutil.rmtree(work / "loader", ignore_errors=True)
+        if "loader-cpu" in stages:
+            run.stage("loader-cpu", lambda: bench.loader_bench(work / "loader-cpu", gib=a.loader_gib, reps=a.reps,
+                                                               threads=a.threads, device="cpu", say=run.say), end)
+            shutil.rmtree(work / "loader-cpu", ignore_errors=True)
         if "checkpoint" in stages:
             sizes = tuple(float(x) for x in a.ckpt_gib.split(",") if x.strip())
             run.stage("checkpoint", lambda: bench.cuda_checkpoint_bench(work / "ckpt", sizes_gib=sizes,
