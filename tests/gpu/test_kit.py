@@ -146,3 +146,14 @@ def test_retable_rerenders_from_the_raw_records(tmp_path):
     bad = subprocess.run([str(REPO / "scripts" / "gpu-check"), str(tmp_path / "nope"), "--retable"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "not a kit output directory" in bad.stderr
+
+
+def test_a_cold_cell_that_found_its_file_cached_is_left_out_and_named():
+    rows = [{"bench": "loader_cpu", "case": c, "cache": "cold", "rep": r, "gib_s": v, "resident_before": res,
+             "bytes": 4 << 30, "tensors": 2}
+            for (c, r, v, res) in [("read_buffered", 0, 2.0, 0.0), ("coldstart", 0, 2.0, 0.0), ("safetensors", 0, 1.0, 0.0),
+                                   ("read_buffered", 1, 2.0, 0.0), ("coldstart", 1, 2.0, 0.0), ("safetensors", 1, 20.0, 1.0)]]
+    t = kit.render_table(rows, {"gpu": "x"}, "scripts/gpu-check out")
+    assert "## Loader into host memory" in t and "| safetensors | 1.0 | - |" in t
+    assert "| coldstart / safetensors | 2.00x |" in t
+    assert "Left out, cold cells that found their file in the page cache (not a cold read): safetensors rep 1 (1.0)." in t
