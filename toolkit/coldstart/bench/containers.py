@@ -166,7 +166,6 @@ def make_decoy(snap: Path) -> Path:
     reads it cold while the restore runs from a warm page cache. A copy, so that the warmer finds the
     same files, the same node profile (it is keyed by the snapshot's id) and the same sizes."""
     import shutil
-
     import stat
 
     def special(d: str, names: list[str]) -> list[str]:  # sockets and FIFOs of run/: nothing reads them
