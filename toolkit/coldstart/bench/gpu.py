@@ -256,7 +256,7 @@ def loader_bench(work: Path, *, gib: float = 4.0, reps: int = 3, threads: int = 
         mem = MemLimit(data_file)
         reads.update({f"read_mem_t{n}": (n, False) for n in (4, 8, 16)})
         one_cache.update({"read_buffered": "cold", "read_buffered_t16": "cold",
-                          "read_buffered_t24": "never",  # (16 threads already exceed this host's CPUs)
+                          "read_buffered_t24": "never",  # (24 threads: more than the GPU machines' 16 CPUs)
                           **{f"read_mem_t{n}": "warm" for n in (4, 8, 16)}})
     for rep in range(reps):
         for cache in ("cold", "warm"):
