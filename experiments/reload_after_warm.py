@@ -23,7 +23,9 @@ from coldstart.bench.containers import one_start, snapshot_in_container
 from coldstart.bench.criu import drop_caches
 from coldstart.bench.gpu import warm_file
 from coldstart.containers import docker_api, image
+from coldstart.pipeline.integrity import NodeRecord
 from coldstart.pipeline.manifest import read_manifest
+from coldstart.warm.snapshot import node_profile
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,6 +46,14 @@ def main() -> None:
     a.out.parent.mkdir(parents=True, exist_ok=True)
     variants = [v for v in a.variants.split(",") if v]
     with open(a.out, "w") as out:
+        # the first restore on this node: verifies every file, records the profile the host warms from
+        NodeRecord().forget(snap, read_manifest(snap).files)
+        prof = node_profile(snap)
+        if prof is not None:
+            prof.unlink(missing_ok=True)
+        drop_caches()
+        first = one_start(c, img.tag, "restore", model, snap, layers)
+        out.write(json.dumps({"size": a.size, "variant": "first-on-node", **first}) + "\n")
         for rep in range(a.reps):
             for v in (variants if rep % 2 == 0 else variants[::-1]):
                 if v == "warm":
@@ -61,6 +71,7 @@ def main() -> None:
                                   "wake": ev.get("WAKE_WEIGHTS"), "weights": ev.get("WEIGHTS_LOADED"),
                                   "populate_s": w.get("populate_s"), "prepack_s": w.get("prepack_s"),
                                   "overlapped": w.get("prepack_overlapped", False),
+                                  "resident_at_start": w.get("resident_at_start"),
                                   "host_warm_s": (row.get("host_warm") or {}).get("seconds"),
                                   "read_gib": round((row.get("disk_read_bytes") or 0) / 2**30, 2)}), flush=True)
                 out.write(json.dumps({"size": a.size, "variant": v, "rep": rep, **row}) + "\n")

@@ -363,6 +363,11 @@ class ColdstartRPCMixin:
 
                 t0 = time.perf_counter()
                 check = bool(decode_arg(verify))
+                if frac is None:  # (sampled once: the overlap's choice and the stats share it)
+                    try:
+                        frac = _resident_fraction(flat)
+                    except Exception:  # noqa: BLE001 - an unreadable file is map_file's to report
+                        pass
                 # the prepack beside the populate (WeightArena.map_file, "background")
                 side = prepack_enabled() and _ORIG_DISPATCH is not None and not check \
                     and _overlap_prepack(decode_arg(overlap), flat, frac)
@@ -380,6 +385,8 @@ class ColdstartRPCMixin:
                     if not side:
                         out.update(self._cs_prepack(decode_arg(prepack_threads)))
                     out.update({"seconds_rpc": round(time.perf_counter() - t0, 6), "flat": str(flat)})
+                    if frac is not None:
+                        out["resident_at_start"] = round(frac, 3)  # of the weights file, when the reload began
                     if auto_choice:
                         out["auto_choice"] = auto_choice
                     self._cs_saved_buffers = {}
