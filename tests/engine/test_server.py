@@ -196,6 +196,7 @@ def test_auto_reload_copies_a_cold_file_and_maps_a_cached_one(engine_server, can
     warm = client.collective_rpc("coldstart_reload", kwargs={"path": str(flat_dump), "mode": "auto"})[0]
     client.wake_up(["kv_cache"])
     assert warm["mode"] == "map" and warm["auto_choice"].endswith("-> map"), warm
+    assert warm["resident_at_start"] > 0.9, warm  # the residency the reload began with, in its stats
     assert _complete(client, canary_prompt) == canary
 
 
