@@ -22,7 +22,7 @@ PROMPT = "the model loads weights from disk and"
 def _write(out: Path, rows: list[dict], table: str, argv: list[str]) -> None:
     from coldstart.fsutil import write_results
 
-    write_results(out, rows, table, "cd /work/main && .venv/bin/python -m coldstart.engine.measure " + " ".join(argv))
+    write_results(out, rows, table, ".venv/bin/python -m coldstart.engine.measure " + " ".join(argv))
 
 
 def measure_sleep(model: Path, reps: int, kv_mb: int) -> list[dict]:
