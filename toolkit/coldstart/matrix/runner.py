@@ -41,8 +41,13 @@ def _read(path: str) -> str:
 
 
 def _disk_facts(path: Path) -> dict[str, Any]:
-    """Filesystem, device and whether it spins, for the disk holding ``path``."""
-    out: dict[str, Any] = {"path": str(path)}
+    """Filesystem, device and whether it spins, for the disk holding ``path`` (named relative to the
+    working directory when inside it: the results are committed, this machine's paths are not)."""
+    try:
+        shown = str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        shown = str(path)
+    out: dict[str, Any] = {"path": shown}
     try:
         r = subprocess.run(["findmnt", "-no", "SOURCE,FSTYPE", "--target", str(path)], capture_output=True,
                            text=True, timeout=5)
