@@ -806,7 +806,11 @@ def _wait_server(eng, base_url: str, opts: RestoreOptions, tl: Timeline, m: Mani
         time.sleep(0.02)
     tl.mark(EventName.SERVER_UP)
     if m.xcomp_perm:  # before any forward pass: a criu without our patch 0008 drops the AMX permission
-        res = (client.collective_rpc("coldstart_xstate", kwargs={"restore": m.xcomp_perm}) or [{}])[0]
+        # guarded too: a corrupt page that kills the engine leaves the API server up, this call unanswered
+        def xstate():
+            return client.collective_rpc("coldstart_xstate", kwargs={"restore": m.xcomp_perm})
+
+        res = ((checks.guard(xstate) if checks is not None else xstate()) or [{}])[0]
         if res.get("error"):
             raise RestoreFailed(f"the restored worker cannot get its AMX permission back: {res['error']}")
         if res.get("asked"):
