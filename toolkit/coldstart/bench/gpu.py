@@ -203,8 +203,7 @@ CPU_LOADER_CASES: dict[str, dict[str, Any]] = {
     "coldstart_verify": {"verify": True},
     "coldstart_buffered": {"direct": False},  # cold only
     "coldstart_direct": {"direct": True},  # cold only
-    # 16 readers: the default's 8 matched 8 threads' copy out of the page cache warm on the 16-CPU
-    # H200 machine (25.95 against 25.45 GiB/s) where 16 threads copied 35.2 (results/gpu/h200-2026-11-27)
+    # 16 readers forced: the default's on a 16-CPU machine, and the reference where it has fewer
     "coldstart_t16": {"threads": 16},
 }
 
