@@ -60,8 +60,8 @@ def test_the_warmings_own_cost_is_set_against_the_restore_with_host_warming():
 def test_the_decoy_is_a_whole_copy_made_once_and_evicted_alone(tmp_path):
     import os
 
-    from coldstart.bench.containers import evict_tree, make_decoy
-    from coldstart.warm.residency import resident_bytes
+    from coldstart.bench.containers import make_decoy
+    from coldstart.warm.residency import evict_all, resident_bytes
 
     snap = tmp_path / "bench-hot"
     (snap / "criu" / "parent").mkdir(parents=True)
@@ -73,6 +73,6 @@ def test_the_decoy_is_a_whole_copy_made_once_and_evicted_alone(tmp_path):
     assert (decoy / "criu" / "parent" / "pages-1.img").read_bytes() == b"p" * (1 << 20)
     (decoy / "marker").write_text("kept")
     assert make_decoy(snap) == decoy and (decoy / "marker").exists()  # made once
-    evict_tree(decoy)
+    evict_all([decoy])
     assert resident_bytes(decoy / "criu" / "parent" / "pages-1.img")[0] == 0
     assert resident_bytes(snap / "criu" / "parent" / "pages-1.img")[0] > 0

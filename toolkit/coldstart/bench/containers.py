@@ -20,6 +20,8 @@ import urllib.request
 from pathlib import Path
 from typing import Callable
 
+from coldstart.warm.residency import evict_all
+
 Say = Callable[[str], None]
 
 
@@ -181,15 +183,6 @@ def make_decoy(snap: Path) -> Path:
     return decoy
 
 
-def evict_tree(root: Path) -> None:
-    """Drop ``root``'s files from the page cache, and nothing else's."""
-    from coldstart.warm.residency import evict
-
-    for p in root.rglob("*"):
-        if p.is_file() and not p.is_symlink():
-            evict(p)
-
-
 def disk_bandwidth(snap: Path) -> dict:
     """The disk's sequential read bandwidth, on the snapshot's largest file (evicted before each read)."""
     from coldstart.bench.warm import best_bandwidth
@@ -254,7 +247,7 @@ def run_bench(c, image: str, cases: list[tuple[str, Path, Path]], *, reps: int, 
                                      **one_start(c, image, "restore", model, snap, layers)})
                         say(json.dumps(rows[-1]))
                     if method == "restore+load":
-                        evict_tree(decoy)
+                        evict_all([decoy])
                     row = {"size": size, "method": method, "cache": cache, "rep": rep, "model": model.name,
                            **one_start(c, image, method, model, snap, layers, decoy=decoy)}
                     rows.append(row)

@@ -378,19 +378,26 @@ class Holder:
             time.sleep(0.05)
 
     def stop(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.kill(self.pid, sig)
-            except ProcessLookupError:
-                break
-            for _ in range(50):
-                if not _alive(self.pid):
-                    break
-                time.sleep(0.05)
+        _kill_wait(self.pid)
         try:
             self.proc.wait(timeout=1)
         except Exception:  # noqa: BLE001 - a restored holder is not our child
             pass
+
+
+def _kill_wait(pid: int, sigs: tuple[int, ...] = (signal.SIGTERM, signal.SIGKILL), each_s: float = 2.5) -> None:
+    """Send each signal in turn until ``pid`` is gone, waiting up to ``each_s`` after each, so that
+    the PID is free when this returns (a restore at the same PID comes next)."""
+    for sig in sigs:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + each_s
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.025)
+        if not _alive(pid):
+            return
 
 
 def _alive(pid: int) -> bool:
@@ -485,18 +492,6 @@ def _pages_read(images: Path) -> int:
     return sum(resident_bytes(p)[0] for d in (images, images / "parent") for p in d.glob("pages-*.img"))
 
 
-def _stop_restored(pid: int) -> None:
-    """Kill a restored process and wait until its PID is free (the next restore reuses it)."""
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return
-    for _ in range(200):
-        if not _alive(pid):
-            return
-        time.sleep(0.025)
-
-
 def _make_hot(images: Path, h: Holder, opts: dict, work: Path) -> dict[str, Any]:
     """The pipeline's hot layout (pipeline/layout.py) on a GPU process: a recording restore from a
     dropped cache, the CUDA state restored and the device memory checked (what the process does
@@ -522,7 +517,7 @@ def _make_hot(images: Path, h: Holder, opts: dict, work: Path) -> dict[str, Any]
         read = {p.name: residency_vector(p) for p in images.glob("pages-*.img")}
         hot = layout.record(images, layout.tree_pids(r.pid), read)
     finally:
-        _stop_restored(r.pid)
+        _kill_wait(r.pid, (signal.SIGKILL,), each_s=5.0)
     record_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     facts = layout.split(images, hot)

@@ -20,19 +20,13 @@ import typer
 from coldstart.bench.warm import host_cpu_busy_s
 from coldstart.engine.launcher import free_port
 from coldstart.pipeline.events import PHASES, EventName
+from coldstart.warm.residency import evict_all
 
 
 def _model(size: str) -> Path:
     from coldstart.models.tiny import cached_model
 
     return cached_model(size)
-
-
-def _evict(paths) -> None:
-    from coldstart.warm.residency import evict
-
-    for p in paths:
-        evict(p)
 
 
 def _read(paths) -> None:
@@ -169,7 +163,7 @@ def bench_reload(
                         # two fio shapes that won `coldstart bench load`'s grid on our two hosts
                         for direct, bs, what in ((0, 16 << 20, "buffered, 4 jobs, 16 MiB reads"),
                                                  (1, 1 << 20, "O_DIRECT, 4 jobs, 1 MiB reads")):
-                            _evict(flat_files)
+                            evict_all(flat_files)
                             resident = resident_fraction(flat_files)
                             nb, secs = fio_run(flat_files[0], direct, 4, bs)
                             row = {"bench": "reload", "model": size, "method": "device", "cache": "cold",
@@ -178,7 +172,7 @@ def bench_reload(
                             rows.append(row)
                             print(json.dumps(row), file=sys.stderr, flush=True)
                     if cache == "cold":
-                        _evict(files)
+                        evict_all(files)
                     else:
                         _read(files)
                     resident = resident_fraction(files)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from coldstart.errors import ColdstartError
-from coldstart.warm.residency import evict, expand_paths, resident_bytes
+from coldstart.warm.residency import evict, evict_all, expand_paths, resident_bytes
 
 GiB = 1 << 30
 CACHE = Path(os.environ.get("COLDSTART_CACHE", "/var/cache/coldstart"))
@@ -122,8 +122,7 @@ def drop_caches(files: list[Path] | None = None) -> None:
         os.sync()
         Path("/proc/sys/vm/drop_caches").write_text("1\n")
     else:
-        for f in files:
-            evict(f)
+        evict_all(files)
 
 
 def make_bench_file(size_gib: float) -> Path:

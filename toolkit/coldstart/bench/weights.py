@@ -42,6 +42,7 @@ from typing import Any, Callable, Optional
 import typer
 
 from coldstart.errors import ColdstartError
+from coldstart.warm.residency import evict_all
 
 GiB = float(1 << 30)
 MiB = 1 << 20
@@ -107,13 +108,7 @@ def evict(paths: list[Path], method: str) -> None:
         os.sync()
         with open("/proc/sys/vm/drop_caches", "w") as f:
             f.write("3\n")
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fdatasync(fd)  # DONTNEED skips dirty pages: a freshly written file must be written back first
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+    evict_all(paths)  # (fsyncs first: DONTNEED skips dirty pages, and a fresh file has them)
 
 
 def warm(paths: list[Path], block: int = 16 * MiB) -> None:

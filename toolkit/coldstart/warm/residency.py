@@ -215,6 +215,12 @@ def evict(path: Path | str) -> None:
         os.close(fd)
 
 
+def evict_all(paths: list[Path] | list[str]) -> None:
+    """``evict`` each file named and each regular file under each directory named."""
+    for f in expand_paths(paths):
+        evict(f)
+
+
 def expand_paths(paths: list[Path] | list[str]) -> list[Path]:
     """Files named, plus the regular files under each directory named (sorted, recursive).
 
