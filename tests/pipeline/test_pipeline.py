@@ -143,6 +143,32 @@ def test_fallback_truncated_weights(snapshot, snapshot_copy):
     assert "weights.flat" in reason and "size" in reason
 
 
+def test_fallback_engine_dies_under_a_live_api_server(snapshot, monkeypatch):
+    """The engine process killed once the restored API server answers /health, digests off: the
+    API server stays up, and the wake-up would wait on a dead engine. The restore watches its tree:
+    it falls back, naming the process that exited."""
+    import signal
+
+    import psutil
+
+    from coldstart.pipeline import restore as restore_mod
+
+    snap, m = snapshot
+    real, killed = restore_mod._wait_server, []
+
+    def wait_then_kill(eng, *args, **kw):
+        client = real(eng, *args, **kw)
+        kids = psutil.Process(eng.root_pid).children(recursive=True)
+        core = next((p for p in kids if "EngineCore" in p.name() + " ".join(p.cmdline())), kids[0])
+        killed.append(core.pid)
+        core.send_signal(signal.SIGKILL)
+        return client
+
+    monkeypatch.setattr(restore_mod, "_wait_server", wait_then_kill)
+    reason = _fallback(snap, m, verify="off")
+    assert killed and f"pid {killed[0]}" in reason and "exited" in reason, reason
+
+
 def test_fallback_missing_criu(snapshot, monkeypatch):
     snap, m = snapshot
     monkeypatch.setenv("COLDSTART_CRIU", "/nonexistent/criu")

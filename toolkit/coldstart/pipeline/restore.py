@@ -507,6 +507,7 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say, r
             if warmer is not None:
                 undo.callback(warmer.cancel)
             eng = _criu_wait(popen, snap, m, st, tl, undo, opts.timeout)
+            checks.watch(eng.pids(), eng.spec.log_path)
             if warmer is not None:
                 warmer.criu_done()
             if ahead is not None:
@@ -581,7 +582,9 @@ class _Checks:
     """Digest checks of the snapshot (integrity.py) on a thread beside the restore, joined before
     serving: CRIU's metadata images first (a few MB: a damaged one is found before CRIU is far), then
     the rest. A failed phase asks ``failure()`` first, so the reason names the damaged file rather
-    than the symptom it caused. (The thread only reads: a failed restore leaves it to end.)"""
+    than the symptom it caused. (The thread only reads: a failed restore leaves it to end.)
+    Once the tree is restored it is also watched (``watch``): a guarded call ends when one of its
+    processes exits."""
 
     def __init__(self, snap: Path, m: Manifest, mode: str, tl: Timeline):
         self.snap, self.mode, self.tl = snap, mode, tl
@@ -595,6 +598,8 @@ class _Checks:
         self._error: BaseException | None = None
         self._stats = {"checked": 0, "skipped": 0, "bytes": 0}
         self.reading: list[Path] = []  # the files it has begun to read (a profile recording heeds them)
+        self._tree: list = []  # (psutil.Process, its name) of each restored process (watch)
+        self._log = ""
         self._t = threading.Thread(target=self._run, name="coldstart-verify", daemon=True)
         self._t.start()
 
@@ -614,11 +619,41 @@ class _Checks:
         self._t.join(timeout)
         return str(self._error) if self._error is not None else None
 
+    def watch(self, pids: list[int], log: Path | str = "") -> None:
+        """Watch the restored tree from now on: an engine process that dies under a live API server
+        (a corrupt page with the digests off, an out-of-memory kill) leaves the server's requests
+        unanswered until their timeouts (a collective_rpc: 600 s), so its exit ends the wait."""
+        import psutil
+
+        self._log = str(log)
+        for pid in pids:
+            try:
+                p = psutil.Process(pid)
+                self._tree.append((p, p.name()))  # (the name cannot be read once it is gone)
+            except psutil.Error:
+                pass
+
+    def exited(self) -> str | None:
+        """Which watched process has exited, if one has (a zombie counts: its parent has not
+        reaped it yet)."""
+        import psutil
+
+        for p, name in self._tree:
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    continue
+            except psutil.Error:
+                pass
+            return (f"a process of the restored server exited: pid {p.pid} ({name})"
+                    + (f" (log {self._log})" if self._log else ""))
+        return None
+
     def guard(self, fn: Callable, *args):
-        """``fn(*args)`` (a call to the restored server), ended early by a digest failure: a damaged
-        image can hang the server inside a request (a corrupt hot page held the canary until the
-        client's 300 s timeout). The call runs in a thread; on a failure RestoreFailed names the file
-        at once, and the caller's cleanup stops the server, which ends the call."""
+        """``fn(*args)`` (a call to the restored server), ended early by a digest failure or by the
+        exit of a watched process: a damaged image can hang the server inside a request (a corrupt
+        hot page held the canary until the client's 300 s timeout). The call runs in a thread; on a
+        failure RestoreFailed names the file (or the process) at once, and the caller's cleanup
+        stops the server, which ends the call."""
         box: dict = {}
 
         def run() -> None:
@@ -631,7 +666,7 @@ class _Checks:
         t.start()
         while t.is_alive():
             t.join(0.05)
-            bad = self.failure() if t.is_alive() else None
+            bad = (self.failure() or self.exited()) if t.is_alive() else None
             if bad:
                 raise RestoreFailed(bad)
         if "error" in box:
@@ -801,6 +836,9 @@ def _wait_server(eng, base_url: str, opts: RestoreOptions, tl: Timeline, m: Mani
             raise RestoreFailed(bad)
         if not eng.alive():
             raise RestoreFailed(f"the restored server exited (pid {eng.root_pid}; log {eng.spec.log_path})")
+        gone = checks.exited() if checks is not None else None
+        if gone:
+            raise RestoreFailed(gone)
         if time.monotonic() > deadline:
             raise RestoreFailed(f"the restored server did not answer /health within {opts.timeout:.0f} s")
         time.sleep(0.02)
