@@ -343,9 +343,11 @@ def test_profile_sees_mmap_accesses_even_when_cached(warm_dir):
     p = subprocess.Popen([sys.executable, "-c", _TOUCHER, str(pages), *map(str, offsets)],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
-        for _ in offsets:
+        for off in offsets:
             assert p.stdout.readline().startswith("touched")
-            time.sleep(0.3)  # > the recorder's maps refresh (0.2 s): a sample sees this step alone
+            deadline = time.monotonic() + 30  # seen before the next step: else one sample holds both
+            while not rec.recorded(pages, off) and time.monotonic() < deadline:
+                rec.sync()
             p.stdin.write("\n")
             p.stdin.flush()
         prof = rec.stop()

@@ -403,6 +403,13 @@ class ProfileRecorder:
             target = self._samples_done + 2
             self._cond.wait_for(lambda: self._samples_done >= target or self._stop.is_set(), timeout)
 
+    def recorded(self, path: Path | str, offset: int) -> bool:
+        """Whether the page at ``offset`` of ``path`` is in the profile yet (a caller that must
+        order its steps waits for this: a page touched before the tree's mappings are re-read is
+        first seen in the same sample as the next one, and a sample orders its pages by offset)."""
+        mask = self._recorded.get(Path(path).absolute())
+        return bool(mask is not None and offset // PAGE < len(mask) and mask[offset // PAGE])
+
     def start(self) -> "ProfileRecorder":
         self._t0 = time.monotonic()
         self._old_pids = (set(self._given_old) if self._given_old is not None
