@@ -112,6 +112,7 @@ def _checks_failing_after(seconds: float | None):
 
     checks = _Checks.__new__(_Checks)
     checks._error = None
+    checks._tree, checks._log = [], ""
 
     def verify() -> None:
         if seconds is not None:
@@ -132,6 +133,25 @@ def test_a_digest_failure_ends_a_call_the_damaged_server_never_answers():
     with pytest.raises(RestoreFailed, match="pages-1.img"):
         _checks_failing_after(0.2).guard(hung.wait)
     hung.set()
+
+
+def test_a_watched_process_that_exits_ends_a_call_nobody_answers():
+    """An engine that dies under a live API server: the call waits on it, the watch ends the wait."""
+    import subprocess
+    import threading
+
+    from coldstart.pipeline.restore import RestoreFailed
+
+    engine = subprocess.Popen(["sleep", "60"])
+    checks = _checks_failing_after(None)
+    checks.watch([engine.pid], "server.log")
+    assert checks.exited() is None
+    threading.Timer(0.2, engine.kill).start()  # left a zombie: not reaped until the end
+    hung = threading.Event()
+    with pytest.raises(RestoreFailed, match=rf"pid {engine.pid} \(sleep\).*server.log"):
+        checks.guard(hung.wait)
+    hung.set()
+    engine.wait()
 
 
 def test_a_guarded_call_returns_or_raises_as_it_would_alone():
