@@ -209,6 +209,34 @@ def test_ranges_cover_every_piece_once(threads):
         assert sorted(got) == [p.offset for p in pieces]
 
 
+def test_a_refused_o_direct_takes_the_buffered_shape(tmp_path, src, monkeypatch):
+    """A filesystem that refuses O_DIRECT (EINVAL at open: some FUSE mounts, older tmpfs; ext4 and
+    tmpfs here accept it, so the refusal is simulated at os.open): a cold load falls back to the page
+    cache with the buffered defaults (one reader per CPU, whole pieces), not O_DIRECT's 8 x 1 MiB,
+    and says why."""
+    import errno
+    import os
+
+    from coldstart.warm.residency import evict
+
+    out = tmp_path / "nodirect"
+    dump_tensors(src.items(), out, chunk_bytes=DIGEST_CHUNK)
+    evict(out / DATA_NAME)
+    real_open = os.open
+
+    def no_direct(path, flags, *args, **kw):
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *args, **kw)
+
+    monkeypatch.setattr(os, "open", no_direct)
+    dest = _page_aligned(src)
+    st = load_into(out, dest, chunk_bytes=64 * KIB, verify=True)
+    assert not st.o_direct and st.direct_choice.endswith("O_DIRECT refused (Invalid argument) -> buffered"), st.direct_choice
+    assert (st.threads, st.read_bytes) == (loader_mod.auto_threads(), 0)
+    assert all(_raw(dest[k]) == _raw(v) for k, v in src.items())
+
+
 def test_unknown_layout_is_refused(flat, src):
     with pytest.raises(ColdstartError, match="layout"):
         load_into(flat, _fresh(src), layout="zigzag")

@@ -836,6 +836,10 @@ def load_into(
     choice = ""
     if direct is None:
         direct, choice = choose_direct(Path(index.data_file), 1.0 if mode == "staged" else aligned_fraction(pairs))
+    if direct:
+        refused = direct_refused(Path(index.data_file))
+        if refused:  # (decided before the shape: a buffered load takes the buffered defaults)
+            direct, choice = False, f"{choice + '; ' if choice else ''}O_DIRECT refused ({refused}) -> buffered"
     groups: dict[str, list] = {}
     for e, t in pairs:  # one loader per device (CPU: direct; each GPU: staged through its own stream)
         groups.setdefault(str(t.device), []).append((e, t))
@@ -904,6 +908,17 @@ def choose_direct(data_file: Path, aligned: float = 1.0) -> tuple[bool, str]:
     if aligned < ALIGNED_DIRECT_MIN:
         return False, f"auto: {frac:.0%} cached, {aligned:.0%} of the bytes page-aligned -> buffered"
     return True, f"auto: {frac:.0%} cached -> O_DIRECT"
+
+
+def direct_refused(data_file: Path) -> str | None:
+    """Why this file cannot be opened with O_DIRECT (some FUSE mounts and older tmpfs refuse it),
+    or None when it can."""
+    try:
+        os.close(os.open(data_file, os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC))
+    except OSError as e:
+        if e.errno in (errno.EINVAL, errno.EOPNOTSUPP):
+            return e.strerror or str(e)
+    return None  # (any other error is the buffered open's to report)
 
 
 def usable_cpus() -> int:
