@@ -161,6 +161,8 @@ def test_map_reload_identical_and_released(engine_server, canary, canary_prompt,
     assert res["mode"] == "map" and res["bytes"] == state["arena"]["bytes"], res
     # the handles were built while the file was still being faulted in (arena populate "background")
     assert res.get("prepack_overlapped") or not res.get("prepacked_linears"), res
+    # and what the packing waited for the file is its own figure
+    assert not res.get("prepacked_linears") or 0 <= res["prepack_waited_s"] <= res["prepack_s"] * res["prepack_threads"], res
     assert flat in _worker_maps(eng)
     assert _complete(client, canary_prompt) == canary
     worker = psutil.Process(find_worker_pid(eng))

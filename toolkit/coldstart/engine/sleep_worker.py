@@ -193,6 +193,9 @@ def prepack_threads() -> int:
     return max(1, min(8, len(online_cpus())))
 
 
+PREPACK_WAITED = {"s": 0.0}  # the last prepack's thread-seconds inside ``touch`` (waiting for its weights)
+
+
 def prepack_linears(threads: int | None = None, touch=None) -> tuple[int, float, int]:
     """vLLM's prepacked GEMM handle for every linear layer, from its weight as it is now (vLLM's
     dispatch with remove_weight=False: the tensor stays, for the next sleep and reload). Returns
@@ -204,8 +207,12 @@ def prepack_linears(threads: int | None = None, touch=None) -> tuple[int, float,
     is packed by vLLM's own dispatch, as before: the same handles, only built side by side.
     ``touch(weight)``: called before a layer is packed (WeightArena.populate_tensor: its weight
     faulted in while the rest of the file is still arriving); the layers then go in the order of
-    their weights' addresses, the weights file's order, the order it arrives in."""
+    their weights' addresses, the weights file's order, the order it arrives in. The thread-seconds
+    spent in ``touch`` go to PREPACK_WAITED: what the packing waited for the file, apart from
+    what the packing itself took."""
     t0 = time.perf_counter()
+    PREPACK_WAITED["s"] = 0.0
+    waited_lock = threading.Lock()
     if _ORIG_DISPATCH is None or not prepack_enabled():
         return 0, time.perf_counter() - t0, 0
     layers = list(_LINEARS)
@@ -215,7 +222,10 @@ def prepack_linears(threads: int | None = None, touch=None) -> tuple[int, float,
 
     def pack(layer) -> None:
         if touch is not None:
+            t = time.perf_counter()
             touch(layer.weight)
+            with waited_lock:
+                PREPACK_WAITED["s"] += time.perf_counter() - t
         _ORIG_DISPATCH(layer, False)
 
     if n == 1:
@@ -440,7 +450,10 @@ class ColdstartRPCMixin:
 
     def _cs_prepack(self, threads: Any = None, touch=None) -> dict:
         n, secs, used = prepack_linears(int(threads) if threads else None, touch=touch)
-        return {"prepacked_linears": n, "prepack_s": round(secs, 6), "prepack_threads": used}
+        out = {"prepacked_linears": n, "prepack_s": round(secs, 6), "prepack_threads": used}
+        if touch is not None:
+            out["prepack_waited_s"] = round(PREPACK_WAITED["s"], 6)
+        return out
 
     @torch.inference_mode()
     def coldstart_dump_weights(self, out_dir: str) -> dict:
