@@ -42,7 +42,7 @@ def dump_command(
 
 def load_command(
     flat: Path = typer.Argument(..., help="a dump directory or its weights.flat"),
-    threads: Optional[int] = typer.Option(None, "--threads", help="reader threads (0: one per CPU, at most 8); "
+    threads: Optional[int] = typer.Option(None, "--threads", help="reader threads (0: one per CPU, at most 16); "
                                           "default: one per CPU through the page cache, 8 with O_DIRECT"),
     chunk_mb: int = typer.Option(16, "--chunk-mb", help="largest piece in MiB"),
     read_kb: Optional[int] = typer.Option(None, "--read-kb", help="largest blocking read of uncached data in KiB "

@@ -818,7 +818,7 @@ def load_into(
 
     How the file is read (defaults measured best here, see docs/weights.md): ``threads`` readers
     (None: ``default_threads`` of the destination's device and O_DIRECT or not; 0: one per usable
-    CPU, at most 8), each walking its own contiguous run of the file (``layout="ranges"``;
+    CPU, at most 16), each walking its own contiguous run of the file (``layout="ranges"``;
     ``"shared"``: all take the next piece of one queue) in pieces of at most ``chunk_bytes``; a
     piece the page cache holds is read with one call, the rest in blocking reads of ``read_bytes``
     (0: the whole piece at once; None: ``default_read_bytes``); ``fadvise="sequential"`` on each
