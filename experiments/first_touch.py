@@ -24,22 +24,11 @@ import subprocess
 import sys
 import time
 
+from coldstart.bench.criu import drop_caches
+from coldstart.bench.warm import host_cpu_busy_s as cpu_busy_s
+
 GIB = 1 << 30
 CHUNK = 8 << 20
-
-
-def cpu_busy_s() -> float:
-    """Seconds all CPUs spent outside idle and iowait (from /proc/stat)."""
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    hz = os.sysconf("SC_CLK_TCK")
-    return (sum(v) - v[3] - v[4]) / hz
-
-
-def drop_caches() -> None:
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
 
 
 def anon(n: int) -> dict:

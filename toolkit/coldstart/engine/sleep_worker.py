@@ -193,13 +193,10 @@ def prepack_threads() -> int:
     return max(1, min(8, len(online_cpus())))
 
 
-PREPACK_WAITED = {"s": 0.0}  # the last prepack's thread-seconds inside ``touch`` (waiting for its weights)
-
-
-def prepack_linears(threads: int | None = None, touch=None) -> tuple[int, float, int]:
+def prepack_linears(threads: int | None = None, touch=None) -> tuple[int, float, int, float]:
     """vLLM's prepacked GEMM handle for every linear layer, from its weight as it is now (vLLM's
     dispatch with remove_weight=False: the tensor stays, for the next sleep and reload). Returns
-    (layers, seconds, threads used).
+    (layers, seconds, threads used, thread-seconds spent in ``touch``).
 
     The layers are packed by ``threads`` threads allowed on every online CPU: on an AVX-512 BF16 host
     packing is a real copy of every weight (1.6 s for the bench model's 50 layers, most of its
@@ -208,13 +205,12 @@ def prepack_linears(threads: int | None = None, touch=None) -> tuple[int, float,
     ``touch(weight)``: called before a layer is packed (WeightArena.populate_tensor: its weight
     faulted in while the rest of the file is still arriving); the layers then go in the order of
     their weights' addresses, the weights file's order, the order it arrives in. The thread-seconds
-    spent in ``touch`` go to PREPACK_WAITED: what the packing waited for the file, apart from
-    what the packing itself took."""
+    spent in ``touch`` are what the packing waited for the file, apart from the packing itself."""
     t0 = time.perf_counter()
-    PREPACK_WAITED["s"] = 0.0
-    waited_lock = threading.Lock()
     if _ORIG_DISPATCH is None or not prepack_enabled():
-        return 0, time.perf_counter() - t0, 0
+        return 0, time.perf_counter() - t0, 0, 0.0
+    waited = [0.0]
+    waited_lock = threading.Lock()
     layers = list(_LINEARS)
     if touch is not None:
         layers.sort(key=lambda layer: layer.weight.data_ptr())
@@ -225,13 +221,13 @@ def prepack_linears(threads: int | None = None, touch=None) -> tuple[int, float,
             t = time.perf_counter()
             touch(layer.weight)
             with waited_lock:
-                PREPACK_WAITED["s"] += time.perf_counter() - t
+                waited[0] += time.perf_counter() - t
         _ORIG_DISPATCH(layer, False)
 
     if n == 1:
         for layer in layers:
             pack(layer)
-        return len(layers), time.perf_counter() - t0, 1
+        return len(layers), time.perf_counter() - t0, 1, waited[0]
     from concurrent.futures import ThreadPoolExecutor
 
     def pack_wide(layer) -> None:
@@ -240,7 +236,7 @@ def prepack_linears(threads: int | None = None, touch=None) -> tuple[int, float,
 
     with ThreadPoolExecutor(n, thread_name_prefix="coldstart-prepack") as ex:
         list(ex.map(pack_wide, layers))
-    return len(layers), time.perf_counter() - t0, n
+    return len(layers), time.perf_counter() - t0, n, waited[0]
 
 
 def unpack_linears() -> int:
@@ -449,10 +445,10 @@ class ColdstartRPCMixin:
         return out
 
     def _cs_prepack(self, threads: Any = None, touch=None) -> dict:
-        n, secs, used = prepack_linears(int(threads) if threads else None, touch=touch)
+        n, secs, used, waited = prepack_linears(int(threads) if threads else None, touch=touch)
         out = {"prepacked_linears": n, "prepack_s": round(secs, 6), "prepack_threads": used}
         if touch is not None:
-            out["prepack_waited_s"] = round(PREPACK_WAITED["s"], 6)
+            out["prepack_waited_s"] = round(waited, 6)
         return out
 
     @torch.inference_mode()
@@ -522,7 +518,7 @@ class SleepCPUWorker(ColdstartRPCMixin, CPUWorker):
             a = self._cs_arena
             log.info("coldstart: weights moved into one %d-byte arena (%d tensors, %d left in place: %s) in %.3f s",
                      a.size, len(a.spans), len(a.left_in_place()), a.left_in_place()[:5], time.perf_counter() - t0)
-        n, secs, _ = prepack_linears()  # after the move: a handle copies the weight from where it is
+        n, secs, _, _ = prepack_linears()  # after the move: a handle copies the weight from where it is
         log.info("coldstart: %d linear layers prepacked in %.3f s", n, secs)
 
     # --- sleep / wake (same contract as vLLM's GPU worker)
