@@ -97,6 +97,13 @@ def test_split_images_restore_identical_with_the_parent_mapped(dumped, tmp_path,
         hot[ipid] = {p for p in pages if p % 5 == 0 or p % 1000 < 32}
     facts = layout.split(images, hot)
     assert 0 < facts.total_child_bytes < facts.parent_bytes / 3
+    # the parent's copies of the child's pages are holes (where the filesystem can punch them);
+    # the restore below reads every page and must still see the dumped bytes
+    assert facts.parent_holes in (0, facts.total_child_bytes)
+    if facts.parent_holes:
+        parent_pages = list((images / "parent").glob("pages-*.img"))
+        allocated = sum(p.stat().st_blocks * 512 for p in parent_pages)
+        assert allocated <= facts.parent_bytes - facts.parent_holes + len(parent_pages) * (1 << 20)
     assert sorted(p.name for p in (images / "parent").iterdir()) == sorted(
         [pm.name for pm in layout.task_pagemaps(images).values()]
         + [f"pages-{layout.read_pagemap(pm).pages_id}.img" for pm in layout.task_pagemaps(images).values()])

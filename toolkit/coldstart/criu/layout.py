@@ -13,6 +13,9 @@ images, every run mapped), read at its first token from each restored process's 
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import errno
 import os
 import re
 import struct
@@ -49,10 +52,12 @@ class Pagemap:
 @dataclass(frozen=True)
 class SplitFacts:
     """What a split wrote: per process (its PID in the images) the bytes kept in the child; the
-    names of the files that moved to parent/ (and were written anew in the child)."""
+    names of the files that moved to parent/ (and were written anew in the child); the bytes of the
+    parent's pages files made holes (the child's copy is the one a restore reads)."""
     child_bytes: dict[int, int]
     parent_bytes: int
     moved: list[str]
+    parent_holes: int = 0
 
     @property
     def total_child_bytes(self) -> int:
@@ -186,10 +191,29 @@ def _split_runs(runs: list[Run], hot: set[int]) -> list[tuple[Run, int]]:
     return out
 
 
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
+FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE = 0x01, 0x02
+
+
+def punch_hole(fd: int, off: int, n: int) -> bool:
+    """Free the blocks of [off, off+n) (the file reads zeros there, its size unchanged); False where
+    the filesystem cannot (the bytes then stay: only space is lost)."""
+    if _libc.fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, n) == 0:
+        return True
+    e = ctypes.get_errno()
+    if e in (errno.EOPNOTSUPP, errno.ENOSYS):
+        return False
+    raise OSError(e, f"fallocate(PUNCH_HOLE, {off}, {n}): {os.strerror(e)}")
+
+
 def split(images_dir: Path, hot: dict[int, set[int]]) -> SplitFacts:
     """Rewrite ``images_dir`` in the hot layout: its tasks' pagemap and pages images move to
-    ``images_dir/parent/`` unchanged, and a child pagemap and pages image in their place keep the
-    ``hot`` pages present (in address order, one file per task) and mark the rest in-parent."""
+    ``images_dir/parent/``, and a child pagemap and pages image in their place keep the ``hot``
+    pages present (in address order, one file per task) and mark the rest in-parent. The parent's
+    copies of the hot pages become holes, as CRIU's own ``--auto-dedup`` does for pages a newer
+    image holds: nothing reads them (CRIU only counts its way past them), and without them the
+    pages a restore touches are not stored twice (bench model with packed handles kept: 1.3 GB)."""
     images_dir = Path(images_dir)
     parent = images_dir / PARENT
     if parent.exists():
@@ -204,11 +228,11 @@ def split(images_dir: Path, hot: dict[int, set[int]]) -> SplitFacts:
     staged = parent.with_name(PARENT + ".tmp")
     staged.mkdir()
     child_bytes: dict[int, int] = {}
-    parent_bytes = 0
+    parent_bytes = holes = 0
     for ipid, pm_path, pm, pages in todo:
         runs = _split_runs(pm.runs, hot.get(ipid, set()))
         kept = 0
-        with open(pages, "rb") as src, open(staged / pages.name, "wb") as dst:
+        with open(pages, "r+b") as src, open(staged / pages.name, "wb") as dst:
             for r, off in runs:
                 if off >= 0:
                     n = r.nr_pages * PAGE
@@ -221,6 +245,10 @@ def split(images_dir: Path, hot: dict[int, set[int]]) -> SplitFacts:
                     kept += n
             dst.flush()
             os.fsync(dst.fileno())
+            for r, off in runs:  # only once the child's copy is on disk
+                if off >= 0 and punch_hole(src.fileno(), off, r.nr_pages * PAGE):
+                    holes += r.nr_pages * PAGE
+            os.fsync(src.fileno())
         (staged / pm_path.name).write_bytes(encode_pagemap(Pagemap(pm.header, pm.pages_id, [r for r, _ in runs])))
         child_bytes[ipid] = kept
         parent_bytes += pages.stat().st_size
@@ -233,4 +261,4 @@ def split(images_dir: Path, hot: dict[int, set[int]]) -> SplitFacts:
         os.rename(staged / pages.name, pages)
     staged.rmdir()
     moved = sorted(n for _, pm_path, _, pages in todo for n in (pm_path.name, pages.name))
-    return SplitFacts(child_bytes=child_bytes, parent_bytes=parent_bytes, moved=moved)
+    return SplitFacts(child_bytes=child_bytes, parent_bytes=parent_bytes, moved=moved, parent_holes=holes)

@@ -25,8 +25,9 @@ class RecordingFailed(ColdstartError):
 def make_hot(snap: Path, files: dict[str, FileEntry], say: Callable[[str], None] = lambda s: None,
              timeout: float = 600.0) -> tuple[dict[str, FileEntry], dict]:
     """Record and split ``snap`` (complete, manifest written, not yet published). Returns the new
-    file entries (moved images keep their digests, the child's are computed) and the facts for the
-    manifest. RecordingFailed: nothing was changed (the snapshot works as dumped)."""
+    file entries (moved images keep their digests, the child's and the parent's pages images, holed
+    where the child holds their pages, are computed again) and the facts for the manifest. RecordingFailed: nothing was changed (the
+    snapshot works as dumped)."""
     from coldstart.pipeline.restore import RestoreOptions, restore
 
     images = snap / "criu"
@@ -58,8 +59,10 @@ def make_hot(snap: Path, files: dict[str, FileEntry], say: Callable[[str], None]
         out[moved.get(rel, rel)] = fe
     for n in facts.moved:
         out[f"criu/{n}"] = file_entry(images / n)
+        if facts.parent_holes and n.startswith("pages-"):  # its hot pages are holes now
+            out[f"criu/{layout.PARENT}/{n}"] = file_entry(images / layout.PARENT / n)
     info = {"child_bytes": facts.total_child_bytes, "parent_bytes": facts.parent_bytes,
-            "recording_restore_s": round(recorded_s, 3)}
+            "parent_holes": facts.parent_holes, "recording_restore_s": round(recorded_s, 3)}
     say(f"hot layout: {facts.total_child_bytes / 2**20:.1f} MiB of {facts.parent_bytes / 2**20:.0f} MiB of pages "
         f"touched by a restore, stored together")
     return out, info
