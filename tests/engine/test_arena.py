@@ -154,3 +154,50 @@ def test_settle_moves_mapped_weights_into_anonymous_memory_in_place(tmp_path: Pa
     arena.map_file(read_index(tmp_path / "flat"), threads=1)
     for n, t in model_tensors(m).items():
         assert torch.equal(t, before[n]), n
+
+
+def _backing(addr: int) -> str:
+    """The path of the mapping covering ``addr`` in /proc/self/maps ("" for anonymous memory)."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        parts = line.split(maxsplit=5)
+        lo, hi = (int(x, 16) for x in parts[0].split("-"))
+        if lo <= addr < hi:
+            return parts[5] if len(parts) > 5 else ""
+    raise AssertionError(f"nothing mapped at {addr:#x}")
+
+
+def test_lazy_spans_are_neither_populated_nor_settled(tmp_path: Path):
+    """Spans skipped by map_file (weights behind packed handles kept through a checkpoint) are mapped
+    like the rest but not populated; settle moves every other span into anonymous memory run by run
+    and leaves the skipped one mapped from the file; every tensor keeps its address and bytes."""
+    m = Tiny()
+    before = _snapshot(m)
+    arena = WeightArena.build(model_tensor_objects(m))
+    dump_tensors(model_tensors(m).items(), tmp_path / "flat")
+    flat = tmp_path / "flat" / "weights.flat"
+    spans = {s.name: s for s in arena.spans}
+    lazy = spans["odd.weight"]
+    assert arena.extents() == [(0, arena.size)]
+    ext = arena.extents({"odd.weight"})
+    assert sum(n for _, n in ext) < arena.size
+    assert not any(o <= lazy.offset < o + n for o, n in ext)
+
+    arena.release()
+    ptrs = {n: t.data_ptr() for n, t in model_tensors(m).items()}
+    st = arena.map_file(read_index(tmp_path / "flat"), threads=2, skip={"odd.weight"})
+    assert st["populated_bytes"] == sum(n for _, n in ext) and arena.lazy == ["odd.weight"]
+    for n, t in model_tensors(m).items():
+        assert torch.equal(t, before[n]), n  # the lazy span reads from the file on demand
+
+    out = arena.settle(piece=4096)
+    assert out["settled"] and out["bytes"] == sum(n for _, n in ext)
+    assert out["left_mapped"] == arena.size - out["bytes"]
+    assert arena.settled_partly and arena.mapped == str(flat) and file_mapped(flat)
+    assert _backing(arena.addr + lazy.offset) == str(flat)
+    assert _backing(arena.addr + spans["emb.weight"].offset) == ""
+    assert arena.settle()["settled"] is False
+    for n, t in model_tensors(m).items():
+        assert t.data_ptr() == ptrs[n], n
+        assert torch.equal(t, before[n]), n
+    arena.release()
+    assert not file_mapped(flat) and not arena.settled_partly and arena.lazy == []

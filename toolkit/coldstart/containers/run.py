@@ -149,8 +149,10 @@ class HostWarm:
     sizing ~1000 files through the image's layers: over a second after a dropped page cache) is
     made on a thread, so the create call is not delayed by it. With a profile: its ranges first,
     then the weights file whole (the reload maps it when it is in the page cache, and reads it
-    with O_DIRECT after the restore otherwise); the rest of the snapshot is the entrypoint's, after
-    its first token. The plan is made at once but the bulk reads wait until docker's start call has
+    with O_DIRECT after the restore otherwise), except when the snapshot kept its packed handles
+    (manifest ``weights.kept_linears``: the reload reads only the profile's few MB of the file, and
+    1.3 GB more of reads would queue before the pages the restore waits for); the rest of the
+    snapshot is the entrypoint's, after its first token. The plan is made at once but the bulk reads wait until docker's start call has
     returned (``after_start``; the caller says so with ``container_started()``): warming from the
     create call delayed the entrypoint's own start (its first restore call came 1.4 s later) and
     was slower to the first token (results/spot-checks/host-warm-shape).
@@ -240,6 +242,8 @@ class HostWarm:
         try:
             m = read_manifest(snapshot)
             weights = snapshot / m.weights["flat"] if m.weights.get("flat") else None
+            if weights is not None and m.weights.get("kept_linears") and self._bulk == "profile":
+                weights = None  # its profile ranges are all a restore reads of it
             gate = {"gate": self.gate} if self.gate else {}
             st = None
             if self._bulk == "profile" or weights is None:

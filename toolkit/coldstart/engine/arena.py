@@ -88,6 +88,8 @@ class WeightArena:
     spans: list[Span]
     tensors: dict[str, Any] = field(repr=False)  # name -> the model's own tensor object
     mapped: str | None = None  # the file currently mapped over the arena (None: anonymous)
+    lazy: list[str] = field(default_factory=list)  # spans map_file left unpopulated, settle leaves mapped
+    settled_partly: bool = False  # settled all but the lazy spans (the file stays mapped under them)
     # map_file's populating threads while they run: (threads, errors, path, when mapped)
     _populating: tuple | None = field(default=None, repr=False)
 
@@ -167,16 +169,35 @@ class WeightArena:
         if index.data_size != self.size:
             raise ColdstartError(f"flat file size {index.data_size} does not match the weight arena ({self.size} bytes)")
 
+    def extents(self, skip: frozenset[str] | set[str] = frozenset()) -> list[tuple[int, int]]:
+        """Page-aligned (offset, length) runs of the arena covering every span not named in ``skip``
+        (merged where they touch); the whole arena when nothing is skipped."""
+        if not skip:
+            return [(0, self.size)]
+        runs: list[tuple[int, int]] = []
+        for s in self.spans:
+            if s.name in skip or not s.nbytes:
+                continue
+            start, end = s.offset - s.offset % PAGE, align_up(s.offset + s.nbytes, PAGE)
+            if runs and start <= runs[-1][1]:
+                runs[-1] = (runs[-1][0], max(runs[-1][1], end))
+            else:
+                runs.append((start, end))
+        return [(a, b - a) for a, b in runs]
+
     # --- the two operations
     def map_file(self, index: FlatIndex, *, threads: int = 4, verify: bool = False,
-                 piece: int = 64 << 20, willneed: bool = True, populate: str = "now") -> dict:
+                 piece: int = 64 << 20, willneed: bool = True, populate: str = "now",
+                 skip: frozenset[str] | set[str] = frozenset()) -> dict:
         """Map the flat file over the arena (after ``check_index``), populate it, copy the tensors
         left in place out of it. Returns timings. Raises ColdstartError on any failure.
         ``populate`` "background": the populating threads are left running (``wait_populated``):
         the caller's own work on the weights (prepacking them) goes on meanwhile, faulting in with
         ``populate_tensor`` what it reaches first. On a cold page cache the populate waits on the
         disk with the CPUs idle, and the prepack then needs them both (AVX-512 host: 0.7 s, then
-        1 s); side by side they take the longer of the two. (Not with ``verify``: it reads all.)"""
+        1 s); side by side they take the longer of the two. (Not with ``verify``: it reads all.)
+        ``skip``: spans the caller will not read (linear weights whose packed handles were kept
+        through the checkpoint): mapped like the rest, neither read ahead nor populated."""
         if populate not in ("now", "background"):
             raise ValueError(f"populate must be now or background, not {populate!r}")
         import torch
@@ -200,14 +221,17 @@ class WeightArena:
         finally:
             os.close(fd)
         self.mapped = str(path)
+        self.lazy = sorted(skip)
         t_map = time.perf_counter()
-        if willneed:  # asynchronous read-ahead of the whole file: the populate threads then find pages
+        extents = self.extents(skip)
+        if willneed:  # asynchronous read-ahead of the file: the populate threads then find pages
             try:
-                _madvise(self.addr, self.size, MADV_WILLNEED)
+                for o, n in extents:
+                    _madvise(self.addr + o, n, MADV_WILLNEED)
             except OSError:
                 pass
         errors: list[str] = []
-        ranges = [(o, min(piece, self.size - o)) for o in range(0, self.size, piece)]
+        ranges = [(o + k, min(piece, n - k)) for o, n in extents for k in range(0, n, piece)]
         lock = threading.Lock()
 
         def work() -> None:
@@ -237,7 +261,7 @@ class WeightArena:
                 if not s.inplace:
                     self.tensors[s.name].copy_(self.view(s))
         t1 = time.perf_counter()
-        return {"mode": "map", "bytes": self.size, "tensors": len(self.spans),
+        return {"mode": "map", "bytes": self.size, "populated_bytes": sum(n for _, n in extents), "tensors": len(self.spans),
                 "copied_tensors": len(self.left_in_place()), "seconds": round(t1 - t0, 6),
                 "map_s": round(t_map - t0, 6), "populate_s": round(t_pop - t_map, 6),
                 "verify_s": round(t_ver - t_pop, 6), "verified": bool(verify), "threads": threads,
@@ -309,38 +333,65 @@ class WeightArena:
 
         Safe while the server runs (nothing writes the weights between a reload and the next sleep);
         the caller must stop it (``stop``) before a sleep or a reload. Returns what it did;
-        ``{"settled": False, "why": ...}`` if there was nothing to do or it was stopped."""
+        ``{"settled": False, "why": ...}`` if there was nothing to do or it was stopped.
+
+        The spans map_file was told to skip (``lazy``) stay mapped and unread: copying them would
+        read from the file what nothing reads. The rest moves run by run (one ``mremap`` each)."""
         if not self.mapped:
             return {"settled": False, "why": "the arena is not mapped from a file"}
+        if self.settled_partly:
+            return {"settled": False, "why": "settled already (the spans behind kept packed handles stay mapped)"}
         self._stop_populating()
         t0 = time.perf_counter()
+        extents = self.extents(set(self.lazy))
         new = _mmap(None, self.size, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE)
+        left = [(0, self.size)]  # the parts of ``new`` still ours (a moved run's range may be reused)
+
+        def drop_left() -> None:
+            for o, n in left:
+                if n:
+                    _libc.munmap(new + o, n)
+
+        moved = 0
         try:
-            for o in range(0, self.size, piece):
-                if stop is not None and stop.is_set():
-                    _libc.munmap(new, self.size)
-                    return {"settled": False, "why": "stopped (sleep or reload)", "copied": o}
-                ctypes.memmove(new + o, self.addr + o, min(piece, self.size - o))  # releases the GIL
-            r = _libc.mremap(new, self.size, self.size, MREMAP_MAYMOVE | MREMAP_FIXED, self.addr)
-            if r is None or r == MAP_FAILED or r != self.addr:
-                e = ctypes.get_errno()
-                raise OSError(e, f"mremap over the weight arena: {os.strerror(e)}")
+            for o, n in extents:
+                for k in range(0, n, piece):
+                    if stop is not None and stop.is_set():
+                        drop_left()
+                        return {"settled": False, "why": "stopped (sleep or reload)", "copied": moved + k}
+                    # releases the GIL
+                    ctypes.memmove(new + o + k, self.addr + o + k, min(piece, n - k))
+                r = _libc.mremap(new + o, n, n, MREMAP_MAYMOVE | MREMAP_FIXED, self.addr + o)
+                if r is None or r == MAP_FAILED or r != self.addr + o:
+                    e = ctypes.get_errno()
+                    raise OSError(e, f"mremap over the weight arena: {os.strerror(e)}")
+                lo, ln = left.pop()  # runs go in order: the run came off the front of the last part
+                left += [(lo, o - lo), (o + n, lo + ln - o - n)]
+                moved += n
         except BaseException:
-            _libc.munmap(new, self.size)
+            drop_left()
             raise
-        was, self.mapped = self.mapped, None
-        return {"settled": True, "bytes": self.size, "seconds": round(time.perf_counter() - t0, 6), "was": was}
+        drop_left()  # the holes where the lazy spans were
+        out = {"settled": True, "bytes": moved, "seconds": round(time.perf_counter() - t0, 6), "was": self.mapped}
+        if self.lazy:
+            self.settled_partly = True  # the file stays mapped under the lazy spans
+            out["left_mapped"] = self.size - moved
+        else:
+            self.mapped = None
+        return out
 
     def release(self) -> int:
         """Sleep level 2: a fresh anonymous mapping over the arena (pages gone, addresses valid)."""
         self._stop_populating()
         _mmap(self.addr, self.size, MAP_PRIVATE | MAP_FIXED | MAP_ANONYMOUS | MAP_NORESERVE)
         self.mapped = None
+        self.lazy, self.settled_partly = [], False
         return self.size
 
     def state(self) -> dict:
         return {"addr": self.addr, "bytes": self.size, "tensors": len(self.spans),
-                "left_in_place": self.left_in_place(), "mapped": self.mapped}
+                "left_in_place": self.left_in_place(), "mapped": self.mapped, "lazy": len(self.lazy),
+                "settled_partly": self.settled_partly}
 
 
 def file_mapped(path: str | Path, pid: int | str = "self") -> bool:

@@ -239,6 +239,21 @@ def prepack_linears(threads: int | None = None, touch=None) -> tuple[int, float,
     return len(layers), time.perf_counter() - t0, n, waited[0]
 
 
+def packed_linears() -> list[torch.nn.Module]:
+    """The linear layers serving through a prepacked handle now."""
+    return [layer for layer in list(_LINEARS) if layer.cpu_linear is not _plain]
+
+
+def index_identity(index) -> str | None:
+    """What a flat dump holds, as one digest (its index has one per chunk of every tensor); None for
+    a dump without chunk digests (nothing to tell two dumps apart by)."""
+    import hashlib
+
+    if any(e.nbytes and not e.chunk_digests for e in index.tensors):
+        return None
+    return hashlib.sha256(index.to_json().encode()).hexdigest()
+
+
 def unpack_linears() -> int:
     """Back to F.linear on the plain weights; the handles (and their copies of the weights) go."""
     n = 0
@@ -277,6 +292,23 @@ class ColdstartRPCMixin:
         self._cs_settler: threading.Thread | None = None
         self._cs_settle_stop = threading.Event()
         self._cs_settled: dict[str, Any] = {}
+        # Packed handles kept through sleep(2) (coldstart_keep_packed): the flat dump the handles were
+        # last built from (index_identity), whether the next sleep(2) keeps them, and the dump a
+        # kept set stands for until the next reload
+        self._cs_packed_from: str | None = None
+        self._cs_keep_next = False
+        self._cs_kept: str | None = None
+
+    def coldstart_keep_packed(self, keep: Any = True) -> dict:
+        """Whether the next sleep(2) keeps the linear layers' packed handles (the checkpoint asks
+        before its last sleep). Kept, they are in the CRIU image, and the first reload from the same
+        flat dump maps the file without reading the linear weights and skips the prepack: on an
+        AVX-512 host packing is a real copy of every weight, most of a restore's CPU. Costs: the
+        image grows by the packed copy (about the weights' size). Only handles built by a reload
+        from a dump with chunk digests are kept (that dump's identity is what the reload checks)."""
+        self._cs_keep_next = bool(decode_arg(keep))
+        return {"keep_next_sleep": self._cs_keep_next, "packed_from": self._cs_packed_from,
+                "packed_linears": len(packed_linears())}
 
     def coldstart_settle(self) -> dict:
         """Start copying mapped weights into anonymous memory in the background (``WeightArena.settle``)
@@ -353,6 +385,11 @@ class ColdstartRPCMixin:
         mode = str(decode_arg(mode) or default_reload_mode())
         if mode not in RELOAD_MODES:
             raise ValueError(f"reload mode {mode!r}: choose one of {', '.join(RELOAD_MODES)}")
+        kept, self._cs_kept = self._cs_kept, None  # kept handles stand for one reload only
+        if kept is not None and mode in ("map", "auto") and not decode_arg(verify):
+            out = self._cs_reload_kept(flat, kept, int(decode_arg(populate_threads)))
+            if out is not None:
+                return out
         refused = None
         auto_choice = ""
         frac = None
@@ -381,7 +418,8 @@ class ColdstartRPCMixin:
                     out = self._cs_arena.map_file(read_index(flat), threads=int(decode_arg(populate_threads)),
                                                   verify=check, populate="background" if side else "now")
                     if side:
-                        out.update(self._cs_prepack(decode_arg(prepack_threads), touch=self._cs_arena.populate_tensor))
+                        out.update(self._cs_prepack(decode_arg(prepack_threads), touch=self._cs_arena.populate_tensor,
+                                                    source=flat))
                         out.update(populate_s=round(self._cs_arena.wait_populated(), 6), prepack_overlapped=True)
                 except ColdstartError as e:
                     if self._cs_arena.mapped:  # half-done: back to an anonymous arena before copying
@@ -389,7 +427,7 @@ class ColdstartRPCMixin:
                     refused = str(e)
                 else:
                     if not side:
-                        out.update(self._cs_prepack(decode_arg(prepack_threads)))
+                        out.update(self._cs_prepack(decode_arg(prepack_threads), source=flat))
                     out.update({"seconds_rpc": round(time.perf_counter() - t0, 6), "flat": str(flat)})
                     if frac is not None:
                         out["resident_at_start"] = round(frac, 3)  # of the weights file, when the reload began
@@ -415,13 +453,50 @@ class ColdstartRPCMixin:
         t0 = time.perf_counter()
         stats = load_into(Path(flat), model_tensors(self._cs_model()), **kw)
         out = _as_dict(stats)
-        out.update(self._cs_prepack(decode_arg(prepack_threads)))
+        out.update(self._cs_prepack(decode_arg(prepack_threads), source=Path(flat)))
         out.update({"seconds_rpc": round(time.perf_counter() - t0, 6), "flat": str(flat), "mode": "copy"})
         if refused:
             out["map_refused"] = refused
         if auto_choice:
             out["auto_choice"] = auto_choice
         self._cs_saved_buffers = {}
+        return out
+
+    def _cs_reload_kept(self, flat: Path, kept: str, populate_threads: int) -> dict | None:
+        """The reload after a restore whose packed handles were kept through the checkpoint: the
+        flat file mapped over the arena, only the spans no handle covers populated, no prepack.
+        None (the caller reloads as usual, repacking) unless the file is the dump the handles were
+        built from and every handle's weight lies in the arena."""
+        from coldstart.errors import ColdstartError
+        from coldstart.weights.format import read_index
+
+        arena = self._cs_arena
+        if arena is None:
+            return None
+        t0 = time.perf_counter()
+        try:
+            index = read_index(flat)
+        except ColdstartError:
+            return None  # the usual path reports it
+        if index_identity(index) != kept:
+            log.info("coldstart reload: %s is not the dump the kept packed handles were built from: repacking", flat)
+            return None
+        at = {arena.addr + s.offset: s.name for s in arena.spans if s.inplace}
+        layers = packed_linears()
+        names = {at.get(layer.weight.data_ptr()) for layer in layers}
+        if not layers or None in names:
+            return None
+        try:
+            out = arena.map_file(index, threads=populate_threads, skip=names)
+        except ColdstartError as e:
+            if arena.mapped:
+                arena.release()
+            log.warning("coldstart reload: mapping for the kept packed handles refused (%s): repacking", e)
+            return None
+        self._cs_packed_from = kept
+        self._cs_saved_buffers = {}
+        out.update({"prepacked_linears": 0, "prepack_s": 0.0, "prepack_threads": 0, "packed_kept": len(layers),
+                    "seconds_rpc": round(time.perf_counter() - t0, 6), "flat": str(flat)})
         return out
 
     def reload_weights(self, *args, **kwargs) -> Any:
@@ -439,13 +514,21 @@ class ColdstartRPCMixin:
         if "is_checkpoint_format" in kwargs:
             kwargs["is_checkpoint_format"] = bool(decode_arg(kwargs["is_checkpoint_format"]))
         t0 = time.perf_counter()
+        self._cs_kept = None  # the weights change under any kept handles: they are rebuilt below
         super().reload_weights(*args, **kwargs)  # type: ignore[misc]
         out = self._cs_prepack()
         out["seconds_rpc"] = round(time.perf_counter() - t0, 6)
         return out
 
-    def _cs_prepack(self, threads: Any = None, touch=None) -> dict:
+    def _cs_prepack(self, threads: Any = None, touch=None, source: Path | None = None) -> dict:
+        """Build the handles from the weights now in place; ``source``: the flat dump they came from
+        (its identity is what a kept set of handles is checked against), None for any other."""
+        self._cs_packed_from = None
         n, secs, used, waited = prepack_linears(int(threads) if threads else None, touch=touch)
+        if source is not None and n:
+            from coldstart.weights.format import read_index
+
+            self._cs_packed_from = index_identity(read_index(source))
         out = {"prepacked_linears": n, "prepack_s": round(secs, 6), "prepack_threads": used}
         if touch is not None:
             out["prepack_waited_s"] = round(waited, 6)
@@ -466,6 +549,8 @@ class ColdstartRPCMixin:
         index = dump_tensors(tensors.items(), Path(decode_arg(out_dir)), alignment=arena.alignment if arena else 4096)
         if arena is not None:
             arena.check_index(index)  # a bug if it fails: the layouts are computed the same way
+        if packed_linears():  # built from the weights just written (any change of them repacks)
+            self._cs_packed_from = index_identity(index)
         return {"tensors": len(tensors), "bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
                 "seconds": round(time.perf_counter() - t0, 6), "index": _as_dict(index, shallow=True)}
 
@@ -531,9 +616,22 @@ class SleepCPUWorker(ColdstartRPCMixin, CPUWorker):
         kv_total, kv_rel = release_tensors(self._cs_kv_tensors())
         self._cs_sleeping.add("kv_cache")
         w_total = w_rel = 0
-        unpacked = 0
+        unpacked = kept = 0
         if level >= 2:
-            unpacked = unpack_linears()  # before the weights they were built from go
+            keep, self._cs_keep_next = self._cs_keep_next, False
+            why_not = ("" if not keep else "no weight arena" if self._cs_arena is None else
+                       "the handles were not built by a reload from a flat dump with digests"
+                       if self._cs_packed_from is None else "")
+            if keep and not why_not:
+                kept = len(packed_linears())  # they stay, and stand for the dump they were built from
+                self._cs_kept = self._cs_packed_from
+                gc.collect()
+                _libc.malloc_trim(0)  # free heap pages (the load's copies of the weights) out of the image
+            else:
+                if why_not:
+                    log.warning("coldstart sleep(2): packed handles not kept: %s", why_not)
+                unpacked = unpack_linears()  # before the weights they were built from go
+                self._cs_kept = self._cs_packed_from = None
             model = self._cs_model()
             # like vLLM's GPU worker: buffers (rotary caches...) are not in a checkpoint; keep a copy
             self._cs_saved_buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
@@ -549,6 +647,7 @@ class SleepCPUWorker(ColdstartRPCMixin, CPUWorker):
             self._cs_sleeping.add("weights")
         self._cs_last = {"op": "sleep", "level": level, "kv_bytes": kv_total, "kv_released": kv_rel,
                          "weights_bytes": w_total, "weights_released": w_rel, "unpacked_linears": unpacked,
+                         "kept_linears": kept,
                          "rss_before": rss0, "rss_after": rss_bytes(),
                          "seconds": round(time.perf_counter() - t0, 6)}
         log.info("coldstart sleep(%d): %s", level, self._cs_last)

@@ -59,6 +59,11 @@ class CheckpointOptions:
     # first token 1.25-2.5x sooner, results/lazy-hot) | dumped: the images as CRIU wrote them |
     # None: hot where it can be made (patched criu, CPU host), else dumped
     layout: str | None = None
+    # CPU sleep worker: the linear layers' packed GEMM handles stay through the sleep and go into the
+    # image, so a restore neither reads the linear weights from the flat file nor packs them again
+    # (engine/sleep_worker.py, coldstart_keep_packed); the image grows by the packed copy (twice
+    # that with the hot layout). None: on, wherever the CPU sleep worker runs
+    keep_packed: bool | None = None  # True: fail the checkpoint when none could be kept
 
 
 def default_layout(criu_variant: str, device: str) -> str:
@@ -197,6 +202,8 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
                 say(f"weights dumped: {weights['flat']} ({weights['bytes'] / 2**20:.1f} MiB)")
             # Rehearsal (as vLLM's snapshot does): the exact wake + reload the restore will run must
             # give the canary back before the snapshot is published.
+            keep = device == "cpu" and opts.keep_packed is not False
+            _keep_packed(client, keep)
             client.sleep(level=2)
             client.wake_up(["weights"])
             reload_weights(client, staging, weights, mode=opts.reload_mode)
@@ -205,10 +212,17 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
             if bad:
                 raise ColdstartError(f"rehearsal failed: after sleep + reload from the flat weights file the "
                                      f"canary differs (the dump or the reload is wrong): {bad}")
+            _keep_packed(client, keep)
             client.sleep(level=2)
             if not client.is_sleeping():
                 raise ColdstartError("the engine did not go to sleep (level 2)")
-            tl.mark(EventName.ASLEEP, level=2)
+            kept = _kept_linears(client) if keep else 0
+            if opts.keep_packed and not kept:  # asked for by name; the default just goes without
+                raise ColdstartError("--keep-packed: the worker kept no packed handles through its sleep "
+                                     "(its log says why)")
+            if kept:  # the manifest says so: a host warmer then leaves the linear weights alone
+                weights["kept_linears"] = kept
+            tl.mark(EventName.ASLEEP, level=2, **({"kept_linears": kept} if keep else {}))
         # the worker's AMX permission: stock CRIU does not restore it, so the restore can ask again
         xcomp_perm = (client.collective_rpc("coldstart_xstate") or [{}])[0].get("perm")
         client._s.close()  # no established connection to us may end up in the image
@@ -342,6 +356,18 @@ def _keep_log(out: Path) -> Path | None:
     for p in srcs:
         shutil.copyfile(p, dst / p.name)
     return dst
+
+
+def _keep_packed(client, keep: bool) -> None:
+    """Tell the CPU worker whether its next sleep(2) keeps the packed handles (a worker without the
+    RPC, e.g. the GPU one, is only asked when ``keep``)."""
+    if keep:
+        client.collective_rpc("coldstart_keep_packed", kwargs={"keep": True})
+
+
+def _kept_linears(client) -> int:
+    st = (client.collective_rpc("coldstart_state") or [{}])[0]
+    return int((st.get("last") or {}).get("kept_linears") or 0)
 
 
 def reload_weights(client, snap: Path, weights: dict, mode: str | None = None, overlap: bool | str | None = None):
