@@ -126,8 +126,11 @@ def run_bench(cases: list[tuple[str, Path, Path]], concurrencies: list[int], pro
             stock_up = round(time.monotonic() - t0, 2)
             t0 = time.monotonic()
             pid, url, events = _restore(snap)
+            from coldstart.pipeline.manifest import read_manifest
+
             info = {"stock": {"up_s": stock_up, "greedy": _greedy(stock_url)},
-                    "restored": {"up_s": round(time.monotonic() - t0, 2), "restore_events": events}}
+                    "restored": {"up_s": round(time.monotonic() - t0, 2), "restore_events": events,
+                                 "kept_linears": read_manifest(snap).weights.get("kept_linears", 0)}}
             say(json.dumps({"size": size, "stock_up_s": stock_up, "restored_up_s": info["restored"]["up_s"]}))
             for phase in [p for p in SERVERS[1:] if p in phases]:
                 if phase != "restored":
@@ -229,6 +232,11 @@ def render(rows: list[dict], host: str, command: str, input_len: int, output_len
                          f"{k}: {v.get('state', 'not asked: ' + str((v.get('asked') or {}).get('why', '?')))}"
                          + (f" in {v['seconds']:.2f} s" if v.get("seconds") is not None else "")
                          for k, v in st.items()) + ".")
+        kept = info.get("restored", {}).get("kept_linears")
+        if kept:
+            L.append(f"{size}: as restored, its {kept} linear layers served through the packed GEMM handles the "
+                     "checkpoint kept in the CRIU image (mapped from its pages, not repacked; `--keep-packed`); "
+                     "a cycle packs them again into anonymous memory.")
         cyc = {k: v["cycle"] for k, v in info.items() if v.get("cycle")}
         if cyc:
             L.append(f"{size}: reload in a cycle (part of every restore and wake): " + "; ".join(

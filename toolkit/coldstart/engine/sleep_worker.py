@@ -319,6 +319,8 @@ class ColdstartRPCMixin:
         arena = self._cs_arena
         if arena is None or not arena.mapped:
             return {"started": False, "why": "no arena mapped from a file (copy reload, GPU, or settled already)"}
+        if arena.settled_partly:
+            return {"started": False, "why": "settled already (the spans behind kept packed handles stay mapped)"}
         if self._cs_settler is not None and self._cs_settler.is_alive():
             return {"started": False, "why": "already settling"}
         self._cs_settle_stop.clear()

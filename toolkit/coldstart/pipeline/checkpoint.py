@@ -61,8 +61,8 @@ class CheckpointOptions:
     layout: str | None = None
     # CPU sleep worker: the linear layers' packed GEMM handles stay through the sleep and go into the
     # image, so a restore neither reads the linear weights from the flat file nor packs them again
-    # (engine/sleep_worker.py, coldstart_keep_packed); the image grows by the packed copy (twice
-    # that with the hot layout). None: on, wherever the CPU sleep worker runs
+    # (engine/sleep_worker.py, coldstart_keep_packed); the image grows by the packed copy (about
+    # the weights' size). None: on, wherever the CPU sleep worker runs
     keep_packed: bool | None = None  # True: fail the checkpoint when none could be kept
 
 

@@ -38,8 +38,8 @@ def checkpoint_cmd(
     keep_packed: Optional[bool] = typer.Option(None, "--keep-packed/--no-keep-packed", show_default="on, CPU",
                                      help="CPU: keep the linear layers' packed GEMM handles in the image, so a "
                                      "restore neither reads the linear weights nor packs them again (bench model: "
-                                     "first token 1.6 -> 0.8 s warm); the image grows by the packed copy, twice "
-                                     "that with the hot layout (docs/engine.md). No effect on GPU."),
+                                     "first token 1.6 -> 0.8 s warm, host restore); the image grows by the packed "
+                                     "copy (about the weights' size; docs/engine.md). No effect on GPU."),
     timeline_out: Optional[Path] = typer.Option(None, help="Append the timing events (jsonl) here."),
 ) -> None:
     """Snapshot a warmed-up vLLM server of MODEL; extra args after `--` go to vLLM."""
