@@ -12,12 +12,11 @@ import json
 import time
 from pathlib import Path
 
-from coldstart.bench.containers import first_completion, snapshot_in_container, summary
+from coldstart.bench.containers import first_completion, bench_case, summary
 from coldstart.bench.criu import drop_caches
-from coldstart.containers import docker_api, image, run
+from coldstart.containers import run
 from coldstart.engine.launcher import free_port
 
-REPO = Path(__file__).resolve().parents[1]
 WORK_DIR = "/run/coldstart/restores/*/criu"  # the restore's CRIU work dir inside the container
 
 
@@ -27,15 +26,12 @@ def main() -> None:
     ap.add_argument("--size", default="bench")
     ap.add_argument("--work", type=Path, default=Path("/var/tmp/coldstart-bench-container"))
     a = ap.parse_args()
-    c = docker_api.client(None)
-    img = image.app_image(c, REPO, say=print)
-    model, snap = snapshot_in_container(c, img.tag, a.size, a.work)
-    layers = docker_api.image_layers(c, img.tag)
+    c, tag, layers, model, snap = bench_case(a.size, a.work)
     drop_caches()
     port = free_port()
     t0, wall0 = time.monotonic(), time.time()
     warmer = run.host_warm(snap, layers) if a.mode == "hw" else None
-    ctr = run.create_restore(c, img.tag, snap, model, port, host_warms=warmer is not None,
+    ctr = run.create_restore(c, tag, snap, model, port, host_warms=warmer is not None,
                              env={"COLDSTART_T0": repr(wall0), "COLDSTART_CRIU_LOG_LEVEL": "4"})
     try:
         ctr.start()

@@ -16,16 +16,13 @@ import threading
 import time
 from pathlib import Path
 
-from coldstart.bench.containers import one_start, snapshot_in_container
+from coldstart.bench.containers import one_start, bench_case
 from coldstart.bench.criu import drop_caches
 from coldstart.bench.warm import block_device
-from coldstart.containers import docker_api, image
 from coldstart.pipeline.manifest import read_manifest
 from coldstart.warm.residency import PAGE, residency_vector
 
 import host_warm_shape as hws
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def sample(dev: str, stop: threading.Event, out: list, weights: Path | None = None, pages: tuple[Path, ...] = (),
@@ -63,10 +60,7 @@ def main() -> None:
     ap.add_argument("--warm", action="store_true", help="leave the page cache as it is (after a restore: warm)")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
-    c = docker_api.client(None)
-    img = image.app_image(c, REPO, say=print)
-    layers = docker_api.image_layers(c, img.tag)
-    model, snap = snapshot_in_container(c, img.tag, a.size, a.work)
+    c, tag, layers, model, snap = bench_case(a.size, a.work)
     shape = hws.VARIANTS[a.variant]
     if not a.warm:
         drop_caches()
@@ -75,7 +69,7 @@ def main() -> None:
     t = threading.Thread(target=sample, args=(block_device(snap), stop, samples, weights_file(snap),
                                                      tuple(sorted((snap / "criu").glob("pages-*.img")))), daemon=True)
     t.start()
-    row = one_start(c, img.tag, "restore" if shape is None else "restore+hostwarm", model, snap, layers,
+    row = one_start(c, tag, "restore" if shape is None else "restore+hostwarm", model, snap, layers,
                     host_warm=shape, env=hws.CONTAINER_ENV.get(a.variant))
     stop.set()
     t.join()

@@ -18,12 +18,11 @@ import json
 import time
 from pathlib import Path
 
-from coldstart.bench.containers import first_completion, snapshot_in_container, summary
-from coldstart.containers import docker_api, image, run
+from coldstart.bench.containers import first_completion, bench_case, summary
+from coldstart.containers import run
 from coldstart.engine.launcher import free_port
 
 VARIANTS = {"default": [], "warm-rest-never": ["--warm-rest", "never"], "no-warm": ["--no-warm"]}
-REPO = Path(__file__).resolve().parents[1]
 
 
 def one(c, tag: str, snap: Path, model: Path, extra: list[str]) -> dict:
@@ -53,17 +52,15 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/var/tmp/coldstart-bench-container"))
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
-    c = docker_api.client(None)
-    img = image.app_image(c, REPO, say=print)
-    model, snap = snapshot_in_container(c, img.tag, a.size, a.work, say=lambda m: print(m, flush=True))
+    c, tag, _, model, snap = bench_case(a.size, a.work, say=lambda m: print(m, flush=True))
     variants = [v.strip() for v in a.variants.split(",") if v.strip()]
     a.out.parent.mkdir(parents=True, exist_ok=True)
     with open(a.out, "w") as out:
-        one(c, img.tag, snap, model, [])  # the first on this node: verifies, records the profile
+        one(c, tag, snap, model, [])  # the first on this node: verifies, records the profile
         for rep in range(a.reps):
             for v in (variants if rep % 2 == 0 else variants[::-1]):
-                one(c, img.tag, snap, model, [])  # warm: whatever ran before, the snapshot is cached now
-                row = {"size": a.size, "variant": v, "rep": rep, **one(c, img.tag, snap, model, VARIANTS[v])}
+                one(c, tag, snap, model, [])  # warm: whatever ran before, the snapshot is cached now
+                row = {"size": a.size, "variant": v, "rep": rep, **one(c, tag, snap, model, VARIANTS[v])}
                 print(json.dumps({k: row[k] for k in row if k != "events"}), flush=True)
                 out.write(json.dumps(row) + "\n")
 

@@ -20,9 +20,8 @@ import argparse
 import json
 from pathlib import Path
 
-from coldstart.bench.containers import one_start, snapshot_in_container
+from coldstart.bench.containers import one_start, bench_case
 from coldstart.bench.criu import drop_caches
-from coldstart.containers import docker_api, image
 from coldstart.pipeline.integrity import NodeRecord
 from coldstart.pipeline.manifest import read_manifest
 from coldstart.warm.snapshot import node_profile
@@ -98,7 +97,6 @@ CONTAINER_ENV = {"none-be": {"COLDSTART_WARM_IOPRIO": "be"}, "started-8x8M-early
                  "none-2x2": {"COLDSTART_WARM_SHAPE": "2x2"},
                  "none-pread": {"COLDSTART_WARM_METHOD": "pread"},
                  "started-2x2M-early-pread": {"COLDSTART_WARM_METHOD": "pread"}}
-REPO = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:
@@ -110,11 +108,7 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/var/tmp/coldstart-bench-container"))
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
-    c = docker_api.client(None)
-    img = image.app_image(c, REPO, say=print)
-    layers = docker_api.image_layers(c, img.tag)
-    model, snap = snapshot_in_container(c, img.tag, a.size, a.work, say=lambda m: print(m, flush=True),
-                                        layout=a.layout)
+    c, tag, layers, model, snap = bench_case(a.size, a.work, say=lambda m: print(m, flush=True), layout=a.layout)
     variants = [v.strip() for v in a.variants.split(",") if v.strip()]
     a.out.parent.mkdir(parents=True, exist_ok=True)
     with open(a.out, "w") as out:
@@ -124,7 +118,7 @@ def main() -> None:
         if prof is not None:
             prof.unlink(missing_ok=True)
         drop_caches()  # with the snapshot still cached from the checkpoint, the restore would not record
-        first = one_start(c, img.tag, "restore", model, snap, layers)
+        first = one_start(c, tag, "restore", model, snap, layers)
         meta = json.loads(node_profile(snap).read_text()).get("meta", {}) if node_profile(snap) else {}
         print(json.dumps({"first_on_node_s": first.get("first_token_s"), "profile": meta}), flush=True)
         out.write(json.dumps({"size": a.size, "variant": "first-on-node", "profile_meta": meta, **first}) + "\n")
@@ -134,7 +128,7 @@ def main() -> None:
                 shape = VARIANTS[v]
                 method = "restore" if shape is None else "restore+hostwarm"
                 row = {"size": a.size, "variant": v, "shape": shape, "rep": rep,
-                       **one_start(c, img.tag, method, model, snap, layers, host_warm=shape,
+                       **one_start(c, tag, method, model, snap, layers, host_warm=shape,
                                    env=CONTAINER_ENV.get(v))}
                 ev = row.get("events") or {}
                 print(json.dumps({"variant": v, "rep": rep, "first_token_s": row.get("first_token_s"),

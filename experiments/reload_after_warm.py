@@ -19,15 +19,12 @@ import argparse
 import json
 from pathlib import Path
 
-from coldstart.bench.containers import one_start, snapshot_in_container
+from coldstart.bench.containers import one_start, bench_case
 from coldstart.bench.criu import drop_caches
 from coldstart.bench.gpu import warm_file
-from coldstart.containers import docker_api, image
 from coldstart.pipeline.integrity import NodeRecord
 from coldstart.pipeline.manifest import read_manifest
 from coldstart.warm.snapshot import node_profile
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:
@@ -38,10 +35,7 @@ def main() -> None:
     ap.add_argument("--variants", default="cold,weights,warm")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
-    c = docker_api.client(None)
-    img = image.app_image(c, REPO, say=print)
-    layers = docker_api.image_layers(c, img.tag)
-    model, snap = snapshot_in_container(c, img.tag, a.size, a.work, say=print)
+    c, tag, layers, model, snap = bench_case(a.size, a.work)
     weights = snap / read_manifest(snap).weights["flat"]
     a.out.parent.mkdir(parents=True, exist_ok=True)
     variants = [v for v in a.variants.split(",") if v]
@@ -52,19 +46,19 @@ def main() -> None:
         if prof is not None:
             prof.unlink(missing_ok=True)
         drop_caches()
-        first = one_start(c, img.tag, "restore", model, snap, layers)
+        first = one_start(c, tag, "restore", model, snap, layers)
         out.write(json.dumps({"size": a.size, "variant": "first-on-node", **first}) + "\n")
         for rep in range(a.reps):
             for v in (variants if rep % 2 == 0 else variants[::-1]):
                 if v == "warm":
-                    one_start(c, img.tag, "restore", model, snap, layers)  # prewarm
-                    row = one_start(c, img.tag, "restore", model, snap, layers)
+                    one_start(c, tag, "restore", model, snap, layers)  # prewarm
+                    row = one_start(c, tag, "restore", model, snap, layers)
                 else:
                     drop_caches()
                     if v == "weights":  # (cold, cold-noverlap: nothing more)
                         warm_file(weights)
                     env = {"COLDSTART_PREPACK_OVERLAP": "0"} if v == "cold-noverlap" else None
-                    row = one_start(c, img.tag, "restore+hostwarm", model, snap, layers, env=env)
+                    row = one_start(c, tag, "restore+hostwarm", model, snap, layers, env=env)
                 ev, attrs = row.get("events") or {}, row.get("event_attrs") or {}
                 w = attrs.get("WEIGHTS_LOADED") or {}
                 print(json.dumps({"variant": v, "rep": rep, "first_token_s": row.get("first_token_s"),

@@ -19,11 +19,9 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from coldstart.bench.containers import one_start, snapshot_in_container
+from coldstart.bench.containers import one_start, bench_case
 from coldstart.bench.criu import drop_caches
-from coldstart.containers import docker_api, image
 
-REPO = Path(__file__).resolve().parents[1]
 HZ = os.sysconf("SC_CLK_TCK")
 # process and thread names carry numbers (kworker/1:2, cs-populate-3): grouped without them
 _DIGITS = re.compile(r"\d+")
@@ -113,22 +111,19 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/var/tmp/coldstart-bench-container"))
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
-    c = docker_api.client(None)
-    img = image.app_image(c, REPO, say=print)
-    layers = docker_api.image_layers(c, img.tag)
-    model, snap = snapshot_in_container(c, img.tag, a.size, a.work, say=print)
+    c, tag, layers, model, snap = bench_case(a.size, a.work)
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    one_start(c, img.tag, "restore", model, snap, layers)  # the node's first restore: profile, digests
+    one_start(c, tag, "restore", model, snap, layers)  # the node's first restore: profile, digests
     by_variant: dict[str, list[dict]] = defaultdict(list)
     with open(a.out, "w") as out:
         for rep in range(a.reps):
             for v in (["warm", "cold"] if rep % 2 == 0 else ["cold", "warm"]):
                 if v == "warm":
-                    one_start(c, img.tag, "restore", model, snap, layers)  # prewarm
+                    one_start(c, tag, "restore", model, snap, layers)  # prewarm
                 else:
                     drop_caches()
                 s = Sampler().start()
-                row = one_start(c, img.tag, "restore" if v == "warm" else "restore+hostwarm", model, snap, layers)
+                row = one_start(c, tag, "restore" if v == "warm" else "restore+hostwarm", model, snap, layers)
                 s.stop()
                 ev = row.get("events") or {}
                 # (the sampler's clock starts just before the create call: within a few ms of it)

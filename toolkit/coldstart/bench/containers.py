@@ -18,7 +18,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, NamedTuple
 
 from coldstart.warm.residency import evict_all
 
@@ -150,6 +150,27 @@ def snapshot_in_container(c, image: str, size: str, work: Path, say: Say = print
             raise ColdstartError(f"checkpoint of {size} in a container failed: {res.logs.strip().splitlines()[-1:]}")
     require_layout(snap, layout)
     return model, snap
+
+
+class BenchCase(NamedTuple):
+    """What every container experiment starts from (bench_case)."""
+    client: Any  # docker-py client of our dockerd
+    image: str  # the app image's tag, built from this tree
+    layers: list[Path]  # its layer dirs (host warming reads the image's files through them)
+    model: Path
+    snap: Path
+
+
+def bench_case(size: str, work: Path, say: Say = print, layout: str = "hot") -> BenchCase:
+    """The docker client, the app image built from this checkout (cached by its inputs), the image's
+    layer dirs and the ``size`` model's snapshot checkpointed in it (snapshot_in_container)."""
+    from coldstart.containers import docker_api, image
+
+    c = docker_api.client(None)
+    tag = image.app_image(c, Path(__file__).resolve().parents[3], say=say).tag
+    layers = docker_api.image_layers(c, tag)
+    model, snap = snapshot_in_container(c, tag, size, work, say=say, layout=layout)
+    return BenchCase(c, tag, layers, model, snap)
 
 
 def require_layout(snap: Path, layout: str) -> None:
