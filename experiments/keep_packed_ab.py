@@ -3,7 +3,7 @@ alternating, warm (after one unmeasured restore) and cold (page cache dropped; t
 warming). Wall time from the exec of the entrypoint to its exit at READY, and the timeline's
 FIRST_TOKEN and weights step. Host-level (no container); the snapshots are made beforehand:
 
-    coldstart checkpoint MODEL --out A --keep-packed; coldstart checkpoint MODEL --out B
+    coldstart checkpoint MODEL --out A --keep-packed; coldstart checkpoint MODEL --out B --no-keep-packed
     .venv/bin/python experiments/keep_packed_ab.py --snap kept=A --snap repack=B --reps 3 --out DIR
 """
 from __future__ import annotations
