@@ -115,6 +115,7 @@ def run_bench(cases: list[tuple[str, Path, Path]], concurrencies: list[int], pro
     ``phases``: a subset of the three, run in their fixed order (each cycle starts from the last)."""
     from coldstart.engine.launcher import free_port
     from coldstart.bench.pipeline import kill_restored
+    from coldstart.pipeline.manifest import read_manifest
 
     rows: list[dict] = []
     work.mkdir(parents=True, exist_ok=True)
@@ -126,8 +127,6 @@ def run_bench(cases: list[tuple[str, Path, Path]], concurrencies: list[int], pro
             stock_up = round(time.monotonic() - t0, 2)
             t0 = time.monotonic()
             pid, url, events = _restore(snap)
-            from coldstart.pipeline.manifest import read_manifest
-
             info = {"stock": {"up_s": stock_up, "greedy": _greedy(stock_url)},
                     "restored": {"up_s": round(time.monotonic() - t0, 2), "restore_events": events,
                                  "kept_linears": read_manifest(snap).weights.get("kept_linears", 0)}}

@@ -50,6 +50,7 @@ _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _libc.munmap.restype = ctypes.c_int
 MREMAP_MAYMOVE, MREMAP_FIXED = 1, 2
 PAGE = os.sysconf("SC_PAGE_SIZE")
+SETTLED_PARTLY = "settled already (the spans behind kept packed handles stay mapped)"
 
 
 def _mmap(addr: int | None, size: int, flags: int, fd: int = -1, offset: int = 0) -> int:
@@ -340,7 +341,7 @@ class WeightArena:
         if not self.mapped:
             return {"settled": False, "why": "the arena is not mapped from a file"}
         if self.settled_partly:
-            return {"settled": False, "why": "settled already (the spans behind kept packed handles stay mapped)"}
+            return {"settled": False, "why": SETTLED_PARTLY}
         self._stop_populating()
         t0 = time.perf_counter()
         extents = self.extents(set(self.lazy))

@@ -254,6 +254,13 @@ def index_identity(index) -> str | None:
     return hashlib.sha256(index.to_json().encode()).hexdigest()
 
 
+def trim_heap() -> None:
+    """Before a dump: free Python's garbage and give malloc's free pages back to the kernel, so that
+    they are not in the image."""
+    gc.collect()
+    _libc.malloc_trim(0)
+
+
 def unpack_linears() -> int:
     """Back to F.linear on the plain weights; the handles (and their copies of the weights) go."""
     n = 0
@@ -261,8 +268,7 @@ def unpack_linears() -> int:
         if layer.cpu_linear is not _plain:
             layer.cpu_linear = _plain
             n += 1
-    gc.collect()
-    _libc.malloc_trim(0)  # what the handles' allocations leave in malloc's free lists
+    trim_heap()  # what the handles' allocations leave in malloc's free lists
     return n
 
 
@@ -320,7 +326,9 @@ class ColdstartRPCMixin:
         if arena is None or not arena.mapped:
             return {"started": False, "why": "no arena mapped from a file (copy reload, GPU, or settled already)"}
         if arena.settled_partly:
-            return {"started": False, "why": "settled already (the spans behind kept packed handles stay mapped)"}
+            from coldstart.engine.arena import SETTLED_PARTLY
+
+            return {"started": False, "why": SETTLED_PARTLY}
         if self._cs_settler is not None and self._cs_settler.is_alive():
             return {"started": False, "why": "already settling"}
         self._cs_settle_stop.clear()
@@ -417,11 +425,12 @@ class ColdstartRPCMixin:
                 side = prepack_enabled() and _ORIG_DISPATCH is not None and not check \
                     and _overlap_prepack(decode_arg(overlap), flat, frac)
                 try:
-                    out = self._cs_arena.map_file(read_index(flat), threads=int(decode_arg(populate_threads)),
+                    index = read_index(flat)
+                    out = self._cs_arena.map_file(index, threads=int(decode_arg(populate_threads)),
                                                   verify=check, populate="background" if side else "now")
                     if side:
                         out.update(self._cs_prepack(decode_arg(prepack_threads), touch=self._cs_arena.populate_tensor,
-                                                    source=flat))
+                                                    source=index))
                         out.update(populate_s=round(self._cs_arena.wait_populated(), 6), prepack_overlapped=True)
                 except ColdstartError as e:
                     if self._cs_arena.mapped:  # half-done: back to an anonymous arena before copying
@@ -429,7 +438,7 @@ class ColdstartRPCMixin:
                     refused = str(e)
                 else:
                     if not side:
-                        out.update(self._cs_prepack(decode_arg(prepack_threads), source=flat))
+                        out.update(self._cs_prepack(decode_arg(prepack_threads), source=index))
                     out.update({"seconds_rpc": round(time.perf_counter() - t0, 6), "flat": str(flat)})
                     if frac is not None:
                         out["resident_at_start"] = round(frac, 3)  # of the weights file, when the reload began
@@ -455,7 +464,9 @@ class ColdstartRPCMixin:
         t0 = time.perf_counter()
         stats = load_into(Path(flat), model_tensors(self._cs_model()), **kw)
         out = _as_dict(stats)
-        out.update(self._cs_prepack(decode_arg(prepack_threads), source=Path(flat)))
+        from coldstart.weights.format import read_index
+
+        out.update(self._cs_prepack(decode_arg(prepack_threads), source=read_index(flat)))
         out.update({"seconds_rpc": round(time.perf_counter() - t0, 6), "flat": str(flat), "mode": "copy"})
         if refused:
             out["map_refused"] = refused
@@ -522,15 +533,14 @@ class ColdstartRPCMixin:
         out["seconds_rpc"] = round(time.perf_counter() - t0, 6)
         return out
 
-    def _cs_prepack(self, threads: Any = None, touch=None, source: Path | None = None) -> dict:
-        """Build the handles from the weights now in place; ``source``: the flat dump they came from
-        (its identity is what a kept set of handles is checked against), None for any other."""
+    def _cs_prepack(self, threads: Any = None, touch=None, source=None) -> dict:
+        """Build the handles from the weights now in place; ``source``: the index (FlatIndex) of the
+        flat dump they came from (its identity is what a kept set of handles is checked against),
+        None for any other."""
         self._cs_packed_from = None
         n, secs, used, waited = prepack_linears(int(threads) if threads else None, touch=touch)
         if source is not None and n:
-            from coldstart.weights.format import read_index
-
-            self._cs_packed_from = index_identity(read_index(source))
+            self._cs_packed_from = index_identity(source)
         out = {"prepacked_linears": n, "prepack_s": round(secs, 6), "prepack_threads": used}
         if touch is not None:
             out["prepack_waited_s"] = round(waited, 6)
@@ -627,8 +637,7 @@ class SleepCPUWorker(ColdstartRPCMixin, CPUWorker):
             if keep and not why_not:
                 kept = len(packed_linears())  # they stay, and stand for the dump they were built from
                 self._cs_kept = self._cs_packed_from
-                gc.collect()
-                _libc.malloc_trim(0)  # free heap pages (the load's copies of the weights) out of the image
+                trim_heap()  # free heap pages (the load's copies of the weights) out of the image
             else:
                 if why_not:
                     log.warning("coldstart sleep(2): packed handles not kept: %s", why_not)
