@@ -66,7 +66,7 @@ def test_reload_mode_follows_the_warm_stage(snapshot):
 
     snap, m = snapshot
     flat = snap / m.weights["flat"]
-    assert m.weights.get("kept_linears"), m.weights
+    assert m.weights.get("kept_linears") and m.weights.get("pack_s") is not None, m.weights
     for warm in (False, True):
         evict(flat)
         res = restore(RestoreOptions(snapshot=snap, fallback=False, warm=warm), say=lambda s: None)

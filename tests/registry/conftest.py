@@ -22,8 +22,8 @@ def registry(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory) -> Path:
-    """Files larger than a chunk and a pack, random (stored as is), text (stored compressed) and bf16
-    weights (stored byte-grouped and compressed), an
+    """Files larger than a chunk and a pack, random (stored as is), text (stored compressed), bf16
+    weights in a weights file and in a CRIU pages image (both stored byte-grouped and compressed), an
     empty file, a file with repeated chunks (stored once), a private file, nested and empty
     directories, a relative symlink, a FIFO and a unix socket."""
     root = tmp_path_factory.mktemp("tree") / "t"
@@ -32,6 +32,8 @@ def tree(tmp_path_factory) -> Path:
     (root / "big.bin").write_bytes(os.urandom(3_500_000))
     w = np.random.default_rng(0).normal(0, 0.02, 400_000).astype(np.float32)  # bf16: a float32's high half
     (root / "weights.flat").write_bytes((w.view(np.uint32) >> 16).astype(np.uint16).tobytes())
+    w = np.random.default_rng(1).normal(0, 0.02, 400_000).astype(np.float32)
+    (root / "pages-1.img").write_bytes((w.view(np.uint32) >> 16).astype(np.uint16).tobytes())
     (root / "text.txt").write_text("".join(f"line {i}: {os.urandom(4).hex()} the quick brown fox\n"
                                            for i in range(20_000)))
     block = os.urandom(64 << 10)

@@ -7,25 +7,33 @@ from pathlib import Path
 import typer
 
 
-def _snapshots(sizes: str, work: Path, say, layouts: str = "hot") -> list[tuple[str, Path, Path]]:
-    """(case label, model dir, snapshot dir) per model size and layout (`coldstart checkpoint --layout`),
-    checkpointed under ``work`` on first use; the label is the size, with the layout unless dumped."""
+def _snapshots(sizes: str, work: Path, say, layouts: str = "hot", packed: str = "auto") -> list[tuple[str, Path, Path]]:
+    """(case label, model dir, snapshot dir) per model size, layout (`coldstart checkpoint --layout`)
+    and packed-handle choice (auto, kept: --keep-packed, repack: --no-keep-packed), checkpointed under
+    ``work`` on first use; the label is the size, with the layout unless dumped and the choice unless
+    auto (e.g. bench-hot-repack)."""
     from coldstart.bench.containers import case_label, require_layout
     from coldstart.engine.launcher import free_port
+    from coldstart.errors import ColdstartError
     from coldstart.models.tiny import cached_model
     from coldstart.pipeline.checkpoint import CheckpointOptions, checkpoint
 
+    keeps = {"auto": None, "kept": True, "repack": False}
     cases = []
     for size in [s.strip() for s in sizes.split(",") if s.strip()]:
         for layout in [x.strip() for x in layouts.split(",") if x.strip()]:
-            label = case_label(size, layout)
-            model = cached_model(size)
-            snap = work / "snapshots" / label
-            if not (snap / "manifest.json").exists():
-                say(f"checkpointing {size} ({layout} layout) -> {snap}")
-                checkpoint(CheckpointOptions(model=model, out=snap, port=free_port(), layout=layout), say=say)
-            require_layout(snap, layout)
-            cases.append((label, model, snap))
+            for choice in [x.strip() for x in packed.split(",") if x.strip()]:
+                if choice not in keeps:
+                    raise ColdstartError(f"--packed: {choice!r} is not one of {', '.join(keeps)}")
+                label = case_label(size, layout) + ("" if choice == "auto" else f"-{choice}")
+                model = cached_model(size)
+                snap = work / "snapshots" / label
+                if not (snap / "manifest.json").exists():
+                    say(f"checkpointing {size} ({layout} layout, packed handles {choice}) -> {snap}")
+                    checkpoint(CheckpointOptions(model=model, out=snap, port=free_port(), layout=layout,
+                                                 keep_packed=keeps[choice]), say=say)
+                require_layout(snap, layout)
+                cases.append((label, model, snap))
     return cases
 
 
@@ -43,6 +51,9 @@ def bench_lazy(
                                  "(`push --runtime-of`), pulled by `pull` and mounted lazily by the lazy methods"),
     layouts: str = typer.Option("hot", help="snapshot layouts (`coldstart checkpoint --layout`: dumped, hot), "
                                 "each a case per model (named e.g. bench-hot)"),
+    packed: str = typer.Option("auto", help="the CPU checkpoint's packed GEMM handles (`coldstart checkpoint "
+                               "--keep-packed`): auto (its default), kept, repack (--no-keep-packed), each a case "
+                               "per model and layout (named e.g. bench-hot-repack)"),
 ) -> None:
     """Restore → first token on an emulated fresh node: full pull then restore, lazy mount without and
     with prefetch, beside a warm local restore; the registry in its own network namespace behind a
@@ -56,7 +67,7 @@ def bench_lazy(
     from coldstart.warm.snapshot import node_profile
 
     say = lambda m: typer.echo(m, err=True)  # noqa: E731
-    cases = [(size, snap) for size, _, snap in _snapshots(sizes, work, say, layouts)]
+    cases = [(size, snap) for size, _, snap in _snapshots(sizes, work, say, layouts, packed)]
     for size, snap in cases:
         if node_profile(snap) is None or not node_profile(snap).exists():
             say(f"restoring {size} once, to record its access profile (the push packs in that order)")

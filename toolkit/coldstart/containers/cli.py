@@ -46,6 +46,10 @@ def checkpoint_command(
     layout: Optional[str] = typer.Option(None, show_default="hot", help="the images' layout, as `coldstart checkpoint "
                                          "--layout`: hot (the pages a restore touches before its first token stored "
                                          "together) | dumped"),
+    keep_packed: Optional[bool] = typer.Option(None, "--keep-packed/--no-keep-packed",
+                                               show_default="on where the rehearsal took >= 0.25 s to pack them",
+                                               help="as `coldstart checkpoint --keep-packed`: the linear layers' "
+                                               "packed GEMM handles kept in the image"),
     host: Optional[str] = typer.Option(None, "--host"),
 ) -> None:
     """Checkpoint MODEL inside a container of the image; the snapshot lands in OUT on the host. The
@@ -55,7 +59,9 @@ def checkpoint_command(
 
     c = docker_api.client(host)
     img = image.app_image(c, Path(__file__).resolve().parents[3], say=lambda m: typer.echo(m, err=True))
-    res = run.checkpoint(c, img.tag, model, out, extra=["--layout", layout] if layout else [])
+    extra = (["--layout", layout] if layout else []) + (
+        [] if keep_packed is None else ["--keep-packed" if keep_packed else "--no-keep-packed"])
+    res = run.checkpoint(c, img.tag, model, out, extra=extra)
     typer.echo(res.logs.rstrip())
     if res.exit_code != 0:
         raise ColdstartError(f"checkpoint container exited with {res.exit_code}")

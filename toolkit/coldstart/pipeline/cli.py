@@ -35,11 +35,13 @@ def checkpoint_cmd(
                                          "one pass and maps the rest lazily: a third of the bytes, what a lazily "
                                          "mounted snapshot fetches; ~12 s more at checkpoint; docs/criu.md) | dumped: "
                                          "the images as CRIU wrote them."),
-    keep_packed: Optional[bool] = typer.Option(None, "--keep-packed/--no-keep-packed", show_default="on, CPU",
+    keep_packed: Optional[bool] = typer.Option(None, "--keep-packed/--no-keep-packed",
+                                     show_default="on where the rehearsal took >= 0.25 s to pack them",
                                      help="CPU: keep the linear layers' packed GEMM handles in the image, so a "
-                                     "restore neither reads the linear weights nor packs them again (bench model: "
-                                     "first token 1.6 -> 0.8 s warm, host restore); the image grows by the packed "
-                                     "copy (about the weights' size; docs/engine.md). No effect on GPU."),
+                                     "restore neither reads the linear weights nor packs them again (bench model, "
+                                     "AVX-512 host: first token 1.6 -> 0.8 s warm, host restore; on an AVX2 host "
+                                     "packing takes 0.03 s); the image grows by the packed copy (about the "
+                                     "weights' size; docs/engine.md). No effect on GPU."),
     timeline_out: Optional[Path] = typer.Option(None, help="Append the timing events (jsonl) here."),
 ) -> None:
     """Snapshot a warmed-up vLLM server of MODEL; extra args after `--` go to vLLM."""

@@ -12,7 +12,8 @@ Layout in the registry (one OCI image manifest, artifactType ARTIFACT_TYPE):
 Chunks are CHUNK bytes of one file (the last one shorter) and content-addressed: identical chunks are
 stored once. A chunk is stored in its pack as a zstd frame when that saves at least a sixteenth of it
 (``codec`` "zstd", ``stored`` bytes in the pack; the dumped processes' memory compresses ~4x; a
-weights file's chunks may be byte-grouped first, GROUPED_CODEC), else as is: fewer bytes cross the
+weights file's chunks, and any chunk that plain zstd barely shrinks, may be byte-grouped first,
+GROUPED_CODEC), else as is: fewer bytes cross the
 link before a lazy restore's first token. Its digest is of its bytes, not of the frame. A chunk is
 verified (BLAKE3, after decompression) before any of its bytes are used; a pack as a whole is
 verified by the registry (sha256) at upload and by ``pull`` at download. Packs are deterministic
@@ -135,10 +136,12 @@ def _decode(data: bytes, c: Chunk) -> bytes:
 
 def _stored_form(data: bytes, compress: str, weights: bool = False) -> tuple[bytes, str]:
     """(bytes to put in the pack, codec): compressed only where that saves a sixteenth or more;
-    ``weights``: the grouped codec tried too, the smaller frame kept."""
+    the grouped codec tried too, the smaller frame kept, for ``weights`` and for any chunk plain zstd
+    shrinks by less than a quarter (weights in a process's memory: e.g. the packed GEMM handles a
+    CPU snapshot keeps, docs/engine.md; the processes' own state compresses ~4x and is not tried)."""
     if compress == "zstd":
         z, codec = _encode(data), "zstd"
-        if weights:
+        if weights or len(z) > len(data) - len(data) // 4:
             g = _encode(data, GROUPED_CODEC)
             if len(g) < len(z):
                 z, codec = g, GROUPED_CODEC
