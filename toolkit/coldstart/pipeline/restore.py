@@ -943,18 +943,25 @@ def _host_root(launcher_pid: int, settle: float = 5.0) -> int:
         time.sleep(0.02)
 
 
+_PRESENT = bytes(b >> 7 for b in range(256))  # a pagemap entry's top byte: bit 63, the page is present
+_COPIED = bytes(int(b & 0xA0 == 0x80) for b in range(256))  # present and not a file page (bit 61)
+
+
 def image_pages_in_use(root_pid: int) -> dict | None:
-    """The snapshot's CRIU pages the restored tree has mapped in (present in its page tables, from
-    /proc/PID/smaps): ``pages_mapped_bytes``, what the restore needed of its memory image so far,
-    whether the page cache held it or the disk (or a lazy mount) had to give it; of them
-    ``pages_written_bytes``, the pages written since (copied on write: certainly touched, where a
-    page mapped from the file may only have come with a fault's 64 KiB fault-around block,
-    results/spot-checks/diet-executor "The floors"). None when the tree cannot be read."""
+    """The snapshot's CRIU pages the restored tree has mapped in (present in its page tables):
+    ``pages_mapped_bytes``, what the restore needed of its memory image so far, whether the page
+    cache held it or the disk (or a lazy mount) had to give it; of them ``pages_written_bytes``, the
+    pages written since (copied on write: certainly touched, where a page mapped from the file may
+    only have come with a fault's 64 KiB fault-around block, results/spot-checks/diet-executor "The
+    floors"). None when the tree cannot be read. From /proc/PID/pagemap over the images' mappings in
+    /proc/PID/maps (the same counts as smaps' Rss and Anonymous, in a third of the time: it runs
+    between the first token and READY, over the hot layout's thousands of mappings)."""
     import re
 
     import psutil
 
     pat = re.compile(r"/pages-\d+\.img( \(deleted\))?$")
+    page = os.sysconf("SC_PAGE_SIZE")
     mapped = written = 0
     try:
         procs = [psutil.Process(root_pid)]
@@ -963,18 +970,27 @@ def image_pages_in_use(root_pid: int) -> dict | None:
         return None
     for p in procs:
         try:
-            with open(f"/proc/{p.pid}/smaps") as f:
-                ours = False
+            runs: list[list[int]] = []
+            with open(f"/proc/{p.pid}/maps") as f:
                 for line in f:
-                    if line[0] in "0123456789abcdef" and "-" in line.split(" ", 1)[0]:
-                        ours = bool(pat.search(line.rstrip("\n")))
-                    elif ours and line.startswith("Rss:"):
-                        mapped += int(line.split()[1]) * 1024
-                    elif ours and line.startswith("Anonymous:"):
-                        written += int(line.split()[1]) * 1024
+                    if ".img" in line and pat.search(line.rstrip("\n")):
+                        a, b = line.split(" ", 1)[0].split("-")
+                        lo, hi = int(a, 16), int(b, 16)
+                        if runs and runs[-1][1] == lo:
+                            runs[-1][1] = hi
+                        else:
+                            runs.append([lo, hi])
+            fd = os.open(f"/proc/{p.pid}/pagemap", os.O_RDONLY)
+            try:
+                for lo, hi in runs:
+                    top = os.pread(fd, (hi - lo) // page * 8, lo // page * 8)[7::8]  # little-endian entries
+                    mapped += top.translate(_PRESENT).count(1)
+                    written += top.translate(_COPIED).count(1)
+            finally:
+                os.close(fd)
         except OSError:
             continue
-    return {"pages_mapped_bytes": mapped, "pages_written_bytes": written}
+    return {"pages_mapped_bytes": mapped * page, "pages_written_bytes": written * page}
 
 
 def _finish_warm(warmer, tl: Timeline) -> None:
