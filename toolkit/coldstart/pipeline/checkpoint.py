@@ -26,7 +26,6 @@ from coldstart.criu import caps
 from coldstart.criu import server as _criu
 from coldstart.errors import ColdstartError
 from coldstart.fsutil import fsync_dir, fsync_tree
-from coldstart.pipeline.layout import RecordingFailed, make_hot
 from coldstart.pipeline import canary as canary_mod
 from coldstart.pipeline import affinity, hostfacts
 from coldstart.pipeline.events import EventName, Timeline
@@ -297,6 +296,10 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
         m.timings["kv_cache_bytes"] = opts.kv_cache_bytes
         write_manifest(staging, m)
         if layout == "hot" and m.asleep:
+            # here, not at the top: the restore imports this module, and the layout brings numpy
+            # (warm.residency), which the restore's entrypoint then loaded before CRIU started
+            from coldstart.pipeline.layout import RecordingFailed, make_hot
+
             say("hot layout: a recording restore, then the pages it touched stored together")
             try:
                 files, m.layout = make_hot(staging, files, say=say)
