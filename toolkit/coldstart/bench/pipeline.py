@@ -270,7 +270,7 @@ def restore_table(rows: list[dict], note: str = "") -> str:
              "| model | cold start (s) | restore from exec (s) | speed-up | runs | target ≥ 20× | restore in-process (s) "
              "| exec overhead (s) |", "|---|---|---|---|---|---|---|---|"]
     pages_lines = ["", "The snapshot's CRIU pages the restored processes had mapped in at the first token "
-                   "(FIRST_TOKEN's pages_mapped_bytes, from their smaps), against all of them (medians):", "",
+                   "(FIRST_TOKEN's pages_mapped_bytes, from their pagemap), against all of them (medians):", "",
                    "| model | snapshot (MiB) | CRIU pages (MiB) | pages mapped before first token (MiB) | share |",
                    "|---|---|---|---|---|"]
     phase_lines = ["", "Restore phases (medians, s):", "",
