@@ -176,8 +176,8 @@ def read_runs(images_dir: str | Path, min_kb: int = MMAP_MIN_KB) -> list[tuple[P
     Why: the restorer reads them one preadv after another (thousands, tens of KiB each: 2855 reads,
     109 MiB for the bench model); cold, each waits on the disk (results/spot-checks/criu-read-ahead).
     Asked for at once (WILLNEED), they arrive in parallel. A hint: runs of file-backed and jemalloc
-    tasks' memory, also read, are not all named. In the hot layout (criu/layout.py) the restorer reads
-    every run of the child's images, whatever its size."""
+    tasks' memory, also read, are not all named. In the hot layout (criu/layout.py) every run of the
+    child's images is named, whatever its size (the restore's ReadAhead leaves them to the warmer)."""
     d = Path(images_dir)
     out: list[tuple[Path, int, int]] = []
     limit = min_kb * 1024 if not (d / "parent").is_dir() else 1 << 62

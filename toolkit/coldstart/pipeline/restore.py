@@ -278,7 +278,8 @@ HOST_WARMS_ENV = "COLDSTART_HOST_WARMS"
 RUNTIME_REST_ENV = "COLDSTART_LAZY_RUNTIME_REST"
 
 
-READ_AHEAD_ENV = "COLDSTART_CRIU_READ_AHEAD"  # "0": no read-ahead of the restorer's reads (to compare)
+# "0": no read-ahead of the restorer's reads; "all": the hot layout's child images too (both to compare)
+READ_AHEAD_ENV = "COLDSTART_CRIU_READ_AHEAD"
 # "0": a map reload prepacks after populating, "1": beside it; unset or "auto": beside it when the
 # weights file is not all in the page cache (sleep_worker._overlap_prepack)
 PREPACK_OVERLAP_ENV = "COLDSTART_PREPACK_OVERLAP"
@@ -292,7 +293,13 @@ class ReadAhead:
     then every page run its restorer reads rather than maps (criu.images.read_runs: thousands of
     small preadv calls that otherwise wait on the disk one after another). The host can start one
     at the container's create call too (containers.run.HostWarm's ``criu_runs``; ``remap``: a path
-    in the container to the image layer's file that holds it)."""
+    in the container to the image layer's file that holds it).
+
+    Not the hot layout's child images (criu/layout.py): the restorer maps them and the warmer reads
+    them first, whole and in order (warm.base.make_plan); asked for all at once as well (1.32 GB with
+    the bench model's packed handles) they only competed with it: cold host restores of the bench
+    model took 2.6-4.4 s with them against 1.9-2.7 s without (alternating rounds, AMD EPYC;
+    results/spot-checks/hot-read-ahead)."""
 
     def __init__(self, images_dir: Path, remap: Callable[[Path], Path] | None = None):
         self.bytes = self.runs = self.heads = 0
@@ -317,6 +324,8 @@ class ReadAhead:
                 pass
             finally:
                 os.close(fd)
+        if (images_dir / "parent").is_dir() and os.environ.get(READ_AHEAD_ENV) != "all":
+            return  # the hot layout: see above
         fds: dict[Path, int] = {}
         try:
             for path, off, n in read_runs(images_dir):
