@@ -128,3 +128,27 @@ def test_read_runs_name_the_small_runs_of_the_pages_images(mem64):
     small = read_runs(mem64.images, min_kb=MMAP_MIN_KB)
     assert 0 < sum(n for _, _, n in small) < sum(n for _, _, n in every)
     assert all(0 <= o and o + n <= p.stat().st_size for p, o, n in small)
+
+
+def test_read_ahead_leaves_the_hot_layouts_child_to_the_warmer(mem64, tmp_path, monkeypatch):
+    """The restore's ReadAhead asks for the small runs of images as dumped; of a hot layout's child
+    (images with a parent/) for none when the restore's own warmer reads it (``child`` False: asking
+    for it all at once only competed with the warmer, results/spot-checks/hot-read-ahead), for all of
+    it otherwise or with "all"."""
+    from coldstart.pipeline.restore import READ_AHEAD_ENV, ReadAhead
+
+    def ran(*a, **kw) -> ReadAhead:
+        ra = ReadAhead(*a, **kw)
+        ra._t.join(30)
+        assert ra.error is None
+        return ra
+
+    dumped = ran(mem64.images, child=False)
+    assert dumped.runs > 0 and dumped.bytes > 0
+    hot = copy_images(mem64.images, tmp_path / "hot")
+    (hot / "parent").mkdir()
+    left = ran(hot, child=False)
+    assert left.runs == 0 and left.bytes == 0 and left.heads == dumped.heads
+    assert ran(hot).runs > 0
+    monkeypatch.setenv(READ_AHEAD_ENV, "all")
+    assert ran(hot, child=False).runs > 0

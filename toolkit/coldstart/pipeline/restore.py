@@ -278,7 +278,8 @@ HOST_WARMS_ENV = "COLDSTART_HOST_WARMS"
 RUNTIME_REST_ENV = "COLDSTART_LAZY_RUNTIME_REST"
 
 
-# "0": no read-ahead of the restorer's reads; "all": the hot layout's child images too (both to compare)
+# "0": no read-ahead of the restorer's reads; "all": the hot layout's child images even where the
+# restore's own warmer reads them (both to compare)
 READ_AHEAD_ENV = "COLDSTART_CRIU_READ_AHEAD"
 # "0": a map reload prepacks after populating, "1": beside it; unset or "auto": beside it when the
 # weights file is not all in the page cache (sleep_worker._overlap_prepack)
@@ -295,15 +296,18 @@ class ReadAhead:
     at the container's create call too (containers.run.HostWarm's ``criu_runs``; ``remap``: a path
     in the container to the image layer's file that holds it).
 
-    Not the hot layout's child images (criu/layout.py): the restorer maps them and the warmer reads
-    them first, whole and in order (warm.base.make_plan); asked for all at once as well (1.32 GB with
-    the bench model's packed handles) they only competed with it: cold host restores of the bench
-    model took 2.6-4.4 s with them against 1.9-2.7 s without (alternating rounds, AMD EPYC;
-    results/spot-checks/hot-read-ahead)."""
+    ``child`` False: not the hot layout's child images (criu/layout.py), when the restore's own
+    warmer reads them first, whole and in order (warm.base.make_plan): asked for all at once as well
+    (1.32 GB with the bench model's packed handles) they only competed with it, and cold host
+    restores of the bench model took 2.6-4.4 s with them against 1.9-2.7 s without (alternating
+    rounds, AMD EPYC; results/spot-checks/hot-read-ahead). Where the host warms instead, in its idle
+    I/O class, they are asked for: without them the canary's forward pass waited 1.5 s on them
+    (results/container-heads)."""
 
-    def __init__(self, images_dir: Path, remap: Callable[[Path], Path] | None = None):
+    def __init__(self, images_dir: Path, remap: Callable[[Path], Path] | None = None, child: bool = True):
         self.bytes = self.runs = self.heads = 0
         self.error: str | None = None
+        self._child = child or os.environ.get(READ_AHEAD_ENV) == "all"
         self._t = threading.Thread(target=self._run, args=(images_dir, remap), name="coldstart-read-ahead",
                                    daemon=True)
         self._t.start()
@@ -324,8 +328,8 @@ class ReadAhead:
                 pass
             finally:
                 os.close(fd)
-        if (images_dir / "parent").is_dir() and os.environ.get(READ_AHEAD_ENV) != "all":
-            return  # the hot layout: see above
+        if not self._child and (images_dir / "parent").is_dir():
+            return  # the hot layout's child: the warmer reads it (above)
         fds: dict[Path, int] = {}
         try:
             for path, off, n in read_runs(images_dir):
@@ -482,6 +486,12 @@ def warm_paths(snap: Path, m: Manifest) -> list[Path]:
     return paths
 
 
+def _warmer_reads_child(opts: "RestoreOptions") -> bool:
+    """Whether this restore's own warmer will read the hot layout's child images (first and whole):
+    it warms, and the host does not warm for it (HOST_WARMS_ENV, its ranges then left to the host)."""
+    return opts.warm and opts.warm_mode != "off" and os.environ.get(HOST_WARMS_ENV) != "1"
+
+
 def _start_warming(snap: Path, m: Manifest, tl: Timeline, opts: "RestoreOptions | None" = None,
                    remap=None, old_pids: set[int] | None = None,
                    others: list[Path] | None = None) -> _BackgroundWarm | None:
@@ -506,8 +516,8 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say, r
         # child while other threads ran failed once in ~120 restores ("Bad address").
         old_pids = {int(d) for d in os.listdir("/proc") if d.isdigit()}  # before the restored tree
         popen = _criu_start(criu, mmap, snap, m, st, tl, undo, rt, record_pages=opts.record_pages)
-        ahead = (ReadAhead(snap / "criu") if mmap and os.environ.get(READ_AHEAD_ENV, "1") != "0" and not opts.record_pages
-                 else None)
+        ahead = (ReadAhead(snap / "criu", child=not _warmer_reads_child(opts))
+                 if mmap and os.environ.get(READ_AHEAD_ENV, "1") != "0" and not opts.record_pages else None)
         checks = _start_verify(snap, m, opts, tl)
         try:
             warmer = (_start_warming(snap, m, tl, opts, rt.remap if rt is not None else None, old_pids,
