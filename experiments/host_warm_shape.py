@@ -91,6 +91,11 @@ VARIANTS = {
     "started-2x2M-early-noahead": {"after_start": True, "threads": 2, "chunk": 2 * MiB, "early": True},
     # (bench-weights-order.jsonl, at 642a773: HostWarm's weights_reverse and weights_io_class="be",
     # removed after: no gain)
+    # the default shape, its bulk reads in the normal I/O class
+    "started-2x2M-early-be": {"after_start": True, "threads": 2, "chunk": 2 * MiB, "early": True, "io_class": "be"},
+    # the default shape, and the entrypoint's own warmer too (CONTAINER_ENV: COLDSTART_HOST_WARMS=0), which
+    # reads the hot child first and whole; its read-ahead then leaves the child out
+    "started-2x2M-early-both": {"after_start": True, "threads": 2, "chunk": 2 * MiB, "early": True},
 }
 # what the restore container's environment gets besides, per variant
 CONTAINER_ENV = {"none-be": {"COLDSTART_WARM_IOPRIO": "be"}, "started-8x8M-early-be": {"COLDSTART_WARM_IOPRIO": "be"},
@@ -100,7 +105,8 @@ CONTAINER_ENV = {"none-be": {"COLDSTART_WARM_IOPRIO": "be"}, "started-8x8M-early
                  "none-2x2": {"COLDSTART_WARM_SHAPE": "2x2"},
                  "none-pread": {"COLDSTART_WARM_METHOD": "pread"},
                  "started-2x2M-early-pread": {"COLDSTART_WARM_METHOD": "pread"},
-                 "started-2x2M-early-noahead": {"COLDSTART_CRIU_READ_AHEAD": "0"}}
+                 "started-2x2M-early-noahead": {"COLDSTART_CRIU_READ_AHEAD": "0"},
+                 "started-2x2M-early-both": {"COLDSTART_HOST_WARMS": "0"}}
 
 
 def main() -> None:

@@ -103,7 +103,7 @@ def create_restore(c, image: str, snapshot: Path, model: Path, host_port: int, *
     read-write at NODE_MOUNT, so that replicas share verification records and the access profile
     (without it every container re-hashes the whole snapshot and records its profile again).
     ``host_warms``: the caller warms the snapshot from the host (``host_warm``), so the entrypoint
-    leaves the profile's ranges to it (pipeline.restore.HOST_WARMS_ENV).
+    leaves the profile's ranges to it (pipeline.restore.HOST_WARMS_ENV; an ``env`` that sets it wins).
     Creating and starting are separate so that the caller can time each (and warm in between)."""
     from coldstart.containers import docker_api
 
@@ -111,7 +111,7 @@ def create_restore(c, image: str, snapshot: Path, model: Path, host_port: int, *
     volumes = {str(snapshot): {"bind": "/snapshot", "mode": "ro"}, str(model): {"bind": str(model), "mode": "ro"}}
     env = dict(env or {})
     if host_warms:
-        env[HOST_WARMS_ENV] = "1"
+        env.setdefault(HOST_WARMS_ENV, "1")
     if node:
         host_node = node_dir() if node is True else Path(node)
         host_node.mkdir(parents=True, exist_ok=True)
