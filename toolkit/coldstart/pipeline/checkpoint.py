@@ -380,7 +380,8 @@ def _rehearse(client, staging: Path, weights: dict, canary, reload_mode: str | N
     client.wake_up(["kv_cache"])
     bad, _ = canary_mod.check(client, canary)
     if bad:
-        raise ColdstartError(f"rehearsal failed: after sleep + reload from the flat weights file{' (packed handles kept)' if keep else ''} the "
+        kept = " (packed handles kept)" if keep else ""
+        raise ColdstartError(f"rehearsal failed: after sleep + reload from the flat weights file{kept} the "
                              f"canary differs (the dump or the reload is wrong): {bad}")
     secs = [r["prepack_s"] for r in res or () if isinstance(r, dict) and "prepack_s" in r]
     return max(secs) if secs else None
