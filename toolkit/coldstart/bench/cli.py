@@ -19,12 +19,14 @@ def _snapshots(sizes: str, work: Path, say, layouts: str = "hot", packed: str = 
     from coldstart.pipeline.checkpoint import CheckpointOptions, checkpoint
 
     keeps = {"auto": None, "kept": True, "repack": False}
+    choices = [x.strip() for x in packed.split(",") if x.strip()]
+    bad = [c for c in choices if c not in keeps]
+    if bad:  # before any checkpoint is made
+        raise ColdstartError(f"--packed: {', '.join(map(repr, bad))} not one of {', '.join(keeps)}")
     cases = []
     for size in [s.strip() for s in sizes.split(",") if s.strip()]:
         for layout in [x.strip() for x in layouts.split(",") if x.strip()]:
-            for choice in [x.strip() for x in packed.split(",") if x.strip()]:
-                if choice not in keeps:
-                    raise ColdstartError(f"--packed: {choice!r} is not one of {', '.join(keeps)}")
+            for choice in choices:
                 label = case_label(size, layout) + ("" if choice == "auto" else f"-{choice}")
                 model = cached_model(size)
                 snap = work / "snapshots" / label

@@ -486,12 +486,6 @@ def warm_paths(snap: Path, m: Manifest) -> list[Path]:
     return paths
 
 
-def _warmer_reads_child(opts: "RestoreOptions") -> bool:
-    """Whether this restore's own warmer will read the hot layout's child images (first and whole):
-    it warms, and the host does not warm for it (HOST_WARMS_ENV, its ranges then left to the host)."""
-    return opts.warm and opts.warm_mode != "off" and os.environ.get(HOST_WARMS_ENV) != "1"
-
-
 def _start_warming(snap: Path, m: Manifest, tl: Timeline, opts: "RestoreOptions | None" = None,
                    remap=None, old_pids: set[int] | None = None,
                    others: list[Path] | None = None) -> _BackgroundWarm | None:
@@ -516,13 +510,17 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say, r
         # child while other threads ran failed once in ~120 restores ("Bad address").
         old_pids = {int(d) for d in os.listdir("/proc") if d.isdigit()}  # before the restored tree
         popen = _criu_start(criu, mmap, snap, m, st, tl, undo, rt, record_pages=opts.record_pages)
-        ahead = (ReadAhead(snap / "criu", child=not _warmer_reads_child(opts))
+        warms = opts.warm and opts.warm_mode != "off"
+        # the hot layout's child is left to this restore's own warmer, unless the host warms for it
+        # (HOST_WARMS_ENV: the profile's ranges are then the host's)
+        own_child = warms and os.environ.get(HOST_WARMS_ENV) != "1"
+        ahead = (ReadAhead(snap / "criu", child=not own_child)
                  if mmap and os.environ.get(READ_AHEAD_ENV, "1") != "0" and not opts.record_pages else None)
         checks = _start_verify(snap, m, opts, tl)
         try:
             warmer = (_start_warming(snap, m, tl, opts, rt.remap if rt is not None else None, old_pids,
                                      others=checks.reading)
-                      if opts.warm and opts.warm_mode != "off" else None)
+                      if warms else None)
             if warmer is not None:
                 undo.callback(warmer.cancel)
             eng = _criu_wait(popen, snap, m, st, tl, undo, opts.timeout)
