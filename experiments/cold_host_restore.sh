@@ -14,7 +14,7 @@ r1=$(awk -v d="$DEV" '$3==d{print $6}' /proc/diskstats)
 echo "$out" | python3 -c "
 import json, sys
 d = json.loads(sys.stdin.read()); ev = d['events']
-print('$LABEL', 'MB', ($r1 - $r0) * 512 // 10**6, {k: round(ev[k], 2) for k in ('RESTORE_ISSUED', 'RESTORE_DONE', 'WAKE_KV', 'FIRST_TOKEN') if k in ev},
+print('$LABEL', 'MB', ($r1 - $r0) * 512 // 10**6, {k: round(ev[k], 2) for k in ('ENTRY_READY', 'RESTORE_ISSUED', 'WARM_START', 'RESTORE_DONE', 'WAKE_KV', 'FIRST_TOKEN') if k in ev},
       'canary', round(ev['FIRST_TOKEN'] - ev['WAKE_KV'], 2))"
 pkill -9 -f "unshare --pid" || true
 sleep 1
