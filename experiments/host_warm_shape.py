@@ -96,6 +96,9 @@ VARIANTS = {
     # the default shape, and the entrypoint's own warmer too (CONTAINER_ENV: COLDSTART_HOST_WARMS=0), which
     # reads the hot child first and whole; its read-ahead then leaves the child out
     "started-2x2M-early-both": {"after_start": True, "threads": 2, "chunk": 2 * MiB, "early": True},
+    # the restore alone, its read-ahead asking for the hot child too (CONTAINER_ENV:
+    # COLDSTART_CRIU_READ_AHEAD=all), now that the hint reads all of it (fsutil.will_need)
+    "none-aheadall": None,
 }
 # what the restore container's environment gets besides, per variant
 CONTAINER_ENV = {"none-be": {"COLDSTART_WARM_IOPRIO": "be"}, "started-8x8M-early-be": {"COLDSTART_WARM_IOPRIO": "be"},
@@ -106,7 +109,8 @@ CONTAINER_ENV = {"none-be": {"COLDSTART_WARM_IOPRIO": "be"}, "started-8x8M-early
                  "none-pread": {"COLDSTART_WARM_METHOD": "pread"},
                  "started-2x2M-early-pread": {"COLDSTART_WARM_METHOD": "pread"},
                  "started-2x2M-early-noahead": {"COLDSTART_CRIU_READ_AHEAD": "0"},
-                 "started-2x2M-early-both": {"COLDSTART_HOST_WARMS": "0"}}
+                 "started-2x2M-early-both": {"COLDSTART_HOST_WARMS": "0"},
+                 "none-aheadall": {"COLDSTART_CRIU_READ_AHEAD": "all"}}
 
 
 def main() -> None:

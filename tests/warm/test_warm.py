@@ -827,3 +827,22 @@ def test_sampled_residency_tracks_the_page_cache(tmp_path):
     empty = tmp_path / "empty.bin"
     empty.write_bytes(b"")
     assert sampled_resident_fraction(empty) == 1.0
+
+
+def test_will_need_brings_in_a_whole_range_the_kernel_would_cut_short(tmp_path):
+    """One POSIX_FADV_WILLNEED call reads at most the device's read-ahead or request size (8 MiB on
+    the VMs here) and drops the rest; fsutil.will_need asks in pieces, so all of the range comes in."""
+    from coldstart.fsutil import _willneed_piece, will_need
+
+    p = _write(tmp_path / "big.img", 96 * MiB)
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        assert 128 << 10 <= _willneed_piece(fd) < 96 * MiB  # else this file does not test the pieces
+        evict(p)
+        will_need(fd, 0, 96 * MiB)
+        deadline = time.monotonic() + 60
+        while resident_bytes(p)[0] < 96 * MiB and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert resident_bytes(p)[0] == 96 * MiB
+    finally:
+        os.close(fd)

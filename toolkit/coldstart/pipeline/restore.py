@@ -33,6 +33,7 @@ from coldstart.criu import server as _criu
 from coldstart.criu.restore import alive
 from coldstart.engine.launcher import client_host, free_port
 from coldstart.errors import ColdstartError
+from coldstart.fsutil import will_need
 from coldstart.pipeline import affinity, hostfacts, integrity
 from coldstart.pipeline.canary import check as check_canary
 from coldstart.pipeline.checkpoint import port_free, reload_weights
@@ -335,7 +336,7 @@ class ReadAhead:
             for path, off, n in read_runs(images_dir):
                 if path not in fds:
                     fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-                os.posix_fadvise(fds[path], off, n, os.POSIX_FADV_WILLNEED)
+                will_need(fds[path], off, n)
                 self.runs += 1
                 self.bytes += n
         except OSError as e:  # a hint: the restore reads them anyway

@@ -30,6 +30,7 @@ import time
 from collections import deque
 from pathlib import Path
 
+from coldstart.fsutil import will_need
 from coldstart.warm.base import MiB, BaseWarmer, ProgressFn, Range, WarmStats, background_io
 from coldstart.warm.base import io_class as default_io_class
 from coldstart.warm.residency import PAGE, _mincore_fd, exact_pipe, populate_fd, read_into_cache
@@ -272,7 +273,7 @@ class NativeWarmer(BaseWarmer):
             if r is None:
                 break
             try:
-                os.posix_fadvise(self._fds[r.path], r.offset, r.length, os.POSIX_FADV_WILLNEED)
+                will_need(self._fds[r.path], r.offset, r.length)
             except OSError as e:
                 self._failed.add(r.path)
                 self._error(r.path, f"{r.path}: readahead failed at offset {r.offset}: {e.strerror or e}")

@@ -37,6 +37,7 @@ from typing import Any, Callable, Mapping
 
 from coldstart.cpulist import format_cpus, widen_thread
 from coldstart.errors import ColdstartError
+from coldstart.fsutil import will_need
 from coldstart.weights.format import FlatIndex, TensorEntry, align_up, hasher, read_index, torch_dtype
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
@@ -577,7 +578,7 @@ class _Loader:
                     lo = max(hinted, p.offset + p.length)
                     hi = p.offset + p.length + self.prefetch_bytes
                     if hi > lo:
-                        os.posix_fadvise(fd, lo, hi - lo, os.POSIX_FADV_WILLNEED)
+                        will_need(fd, lo, hi - lo)
                         hinted = hi
                 self._direct_piece(fd, p, scratch)
         except BaseException as e:  # noqa: BLE001 - handed to the coordinator
