@@ -221,21 +221,13 @@ def disk_bandwidth(snap: Path) -> dict:
     return {"file": big.name, **best_bandwidth(big)}
 
 
-PROBE_BYTES = 2 << 30
-
-
 def disk_probe(snap: Path) -> float:
-    """The disk's sequential read bandwidth now (bytes/s): the snapshot's largest dense file (up to
-    2 GiB) with O_DIRECT (QD 16, 8 MiB), which leaves the page cache as it was, so it can run right
-    before and after a cold start. The whole file, not a slice: 512 MiB of the bench model's weights
-    read at 0.95-1.03 GiB/s where the whole file read at 1.40-1.43 (fio's ramp), which would make the
-    bound lax. On this VM the disk's speed moves between runs (the same file read at 1.2-2.3 GiB/s in
-    earlier runs' probes, ~1.0-1.4 today), so each cold start is held against the disk of its moment
-    too (results/spot-checks/disk-variance)."""
-    from coldstart.bench.warm import sequential_bandwidth
-
-    big = _largest_file(snap)
-    return float(sequential_bandwidth(big, size=min(PROBE_BYTES, big.stat().st_size))["bw_bytes_s"])
+    """The disk's sequential read bandwidth now (bytes/s), as disk_bandwidth measures it (the better
+    of O_DIRECT and buffered reads of the snapshot's largest dense file, evicted before and after),
+    to run right before and after a cold start. On this VM the disk's speed moves from one minute to
+    the next (the same file read at 1.0, 2.0, 1.9 and 1.2 GiB/s in passes 15 s apart), so each
+    cold start is held against the disk of its moment too (results/spot-checks/disk-variance)."""
+    return float(disk_bandwidth(snap)["bw_bytes_s"])
 
 
 def run_bench(c, image: str, cases: list[tuple[str, Path, Path]], *, reps: int, caches: tuple[str, ...],
@@ -316,8 +308,8 @@ def _per_start_bounds(rows: list[dict], sizes: list[str]) -> list[str]:
     after that start (disk_probe): bound = max(warm restore, the start's bytes read / the mean of
     its two probes). Also the whole host's CPU-seconds from the create call to the first token."""
     fmt = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
-    out = ["", "The same check per cold start, against the disk probed right before and after it (its largest "
-           "dense file with O_DIRECT, the mean of the two): medians, with each start's ratio. CPU: the whole host's "
+    out = ["", "The same check per cold start, against the disk probed right before and after it (as above, "
+           "the mean of the two): medians, with each start's ratio. CPU: the whole host's "
            "busy CPU-seconds from the create call to the first token (median; 2 cores).", "",
            "| model | method | disk around the start (GiB/s) | read (GiB) | bound (s) | first token (s) "
            "| ratio to bound | each start's ratio | CPU-s (warm restore: CPU-s) |", "|---|---|---|---|---|---|---|---|---|"]

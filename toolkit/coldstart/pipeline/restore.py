@@ -297,13 +297,15 @@ class ReadAhead:
     at the container's create call too (containers.run.HostWarm's ``criu_runs``; ``remap``: a path
     in the container to the image layer's file that holds it).
 
+    Each run is asked for in pieces (fsutil.will_need): one call reads at most the device's
+    read-ahead and drops the rest, so until then the child's three runs (1.32 GB with the bench
+    model's packed handles) read 24 MiB.
+
     ``child`` False: not the hot layout's child images (criu/layout.py), when the restore's own
-    warmer reads them first, whole and in order (warm.base.make_plan): asked for all at once as well
-    (1.32 GB with the bench model's packed handles) they only competed with it, and cold host
-    restores of the bench model took 2.6-4.4 s with them against 1.9-2.7 s without (alternating
-    rounds, AMD EPYC; results/spot-checks/hot-read-ahead). Where the host warms instead, in its idle
-    I/O class, they are asked for: without them the canary's forward pass waited 1.5 s on them
-    (results/container-heads)."""
+    warmer reads them first, whole and in order (warm.base.make_plan): asking for them too gained
+    nothing there (bench model in containers, cold: 3.00 s against 3.02, medians of 4,
+    results/spot-checks/host-warm-shape/bench-aheadall.jsonl). Where the host warms instead, in its
+    idle I/O class, they are asked for: 2.03 s against 2.36 without (bench-willneed-pieces.jsonl)."""
 
     def __init__(self, images_dir: Path, remap: Callable[[Path], Path] | None = None, child: bool = True):
         self.bytes = self.runs = self.heads = 0
