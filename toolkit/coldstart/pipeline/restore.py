@@ -298,8 +298,8 @@ class ReadAhead:
     in the container to the image layer's file that holds it).
 
     Each run is asked for in pieces (fsutil.will_need): one call reads at most the device's
-    read-ahead and drops the rest, so until then the child's three runs (1.32 GB with the bench
-    model's packed handles) read 24 MiB.
+    read-ahead and drops the rest (the hot child's three runs, 1.32 GB with the bench model's
+    packed handles, would read 24 MiB here).
 
     ``child`` False: not the hot layout's child images (criu/layout.py), when the restore's own
     warmer reads them first, whole and in order (warm.base.make_plan): asking for them too gained
