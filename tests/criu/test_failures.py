@@ -133,7 +133,7 @@ def test_read_runs_name_the_small_runs_of_the_pages_images(mem64):
 def test_read_ahead_leaves_the_hot_layouts_child_to_the_warmer(mem64, tmp_path, monkeypatch):
     """The restore's ReadAhead asks for the small runs of images as dumped; of a hot layout's child
     (images with a parent/) for none when the restore's own warmer reads it (``child`` False: asking
-    for it all at once only competed with the warmer, results/spot-checks/hot-read-ahead), for all of
+    for it too gained nothing, results/spot-checks/host-warm-shape/bench-aheadall.jsonl), for all of
     it otherwise or with "all"."""
     from coldstart.pipeline.restore import READ_AHEAD_ENV, ReadAhead
 

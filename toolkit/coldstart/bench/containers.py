@@ -206,18 +206,12 @@ def make_decoy(snap: Path) -> Path:
     return decoy
 
 
-def _largest_file(snap: Path) -> Path:
-    from coldstart.bench.warm import probe_file
-
-    return probe_file([p for p in snap.rglob("*") if p.is_file()])
-
-
 def disk_bandwidth(snap: Path) -> dict:
     """The disk's sequential read bandwidth, on the snapshot's largest dense file (evicted before each
     read; bench.warm.probe_file)."""
-    from coldstart.bench.warm import best_bandwidth
+    from coldstart.bench.warm import best_bandwidth, probe_file
 
-    big = _largest_file(snap)
+    big = probe_file([p for p in snap.rglob("*") if p.is_file()])
     return {"file": big.name, **best_bandwidth(big)}
 
 
@@ -298,6 +292,10 @@ def run_bench(c, image: str, cases: list[tuple[str, Path, Path]], *, reps: int, 
     return rows
 
 
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
 def _med(rows: list[dict], key: str = "first_token_s") -> float | None:
     v = [r[key] for r in rows if r.get(key) is not None]
     return statistics.median(v) if v else None
@@ -307,7 +305,6 @@ def _per_start_bounds(rows: list[dict], sizes: list[str]) -> list[str]:
     """The overlapped-warming check per cold start, against the disk as probed right before and
     after that start (disk_probe): bound = max(warm restore, the start's bytes read / the mean of
     its two probes). Also the whole host's CPU-seconds from the create call to the first token."""
-    fmt = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
     out = ["", "The same check per cold start, against the disk probed right before and after it (as above, "
            "the mean of the two): medians, with each start's ratio. CPU: the whole host's "
            "busy CPU-seconds from the create call to the first token (median; 2 cores).", "",
@@ -334,7 +331,7 @@ def _per_start_bounds(rows: list[dict], sizes: list[str]) -> list[str]:
             out.append(f"| {size} | {method} | {med(0) / 2**30:.2f} ({min(x[0] for x in per) / 2**30:.2f}-"
                        f"{max(x[0] for x in per) / 2**30:.2f}) | {med(1) / 2**30:.2f} | {med(2):.2f} | {med(3):.2f} "
                        f"| **{med(4):.2f}x** | {', '.join(f'{x[4]:.2f}' for x in per)} "
-                       f"| {fmt(_med(sel, 'cpu_busy_s'))} ({fmt(_med(warm_rows, 'cpu_busy_s'))}) |")
+                       f"| {_fmt(_med(sel, 'cpu_busy_s'))} ({_fmt(_med(warm_rows, 'cpu_busy_s'))}) |")
     return out if n else []
 
 
@@ -342,7 +339,6 @@ def render(rows: list[dict], host: str, command: str) -> str:
     """Medians per (model, cache, method); the speed-up of the restore over the naive start; and the
     overlapped-warming check: cold restore+hostwarm against max(warm restore, bytes a cold restore
     reads from the disk / the disk's bandwidth measured in this run)."""
-    fmt = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
     L = ["# Container restore vs naive container start (first token, from the docker-py create call)", "",
          f"`{command}`", "", host, "",
          "| model | cache | naive (s) | restore (s) | restore + host warming (s) | restored | speed-up |",
@@ -360,8 +356,8 @@ def render(rows: list[dict], host: str, command: str) -> str:
             rs = cell["restore"] + cell["restore+hostwarm"]
             ok = sum(1 for x in rs if x.get("restored"))
             cnt = lambda m: f" ({len([x for x in cell[m] if 'first_token_s' in x])})"  # noqa: E731
-            L.append(f"| {size} | {cache} | {fmt(n)}{cnt('naive')} | {fmt(r)}{cnt('restore')} | "
-                     f"{fmt(h)}{cnt('restore+hostwarm') if cell['restore+hostwarm'] else ''} | {ok}/{len(rs)} | "
+            L.append(f"| {size} | {cache} | {_fmt(n)}{cnt('naive')} | {_fmt(r)}{cnt('restore')} | "
+                     f"{_fmt(h)}{cnt('restore+hostwarm') if cell['restore+hostwarm'] else ''} | {ok}/{len(rs)} | "
                      + (f"**{n / r:.1f}x**" if n and r else "-") + " |")
     first = [r for r in rows if r["method"] == "first-on-node" and r.get("first_token_s") is not None]
     if first:
@@ -382,7 +378,7 @@ def render(rows: list[dict], host: str, command: str) -> str:
         read_s = nbytes / disk["bw_bytes_s"]
         bound = max(warm, read_s)
         L.append(f"| {size} | {disk['gib_s']:.2f} | {nbytes / 2**30:.2f} | {read_s:.2f} | {warm:.2f} | {bound:.2f} "
-                 f"| {hw:.2f} | **{hw / bound:.2f}x** | {fmt(cold)} |")
+                 f"| {hw:.2f} | **{hw / bound:.2f}x** | {_fmt(cold)} |")
     L += _per_start_bounds(rows, sizes)
     loaded = [size for size in sizes if any(r["size"] == size and r["method"] == "restore+load" for r in rows)]
     if loaded:
@@ -399,7 +395,7 @@ def render(rows: list[dict], host: str, command: str) -> str:
             hb = [r["host_warm"]["bytes"] for r in sel("restore+load", "warm") if (r.get("host_warm") or {}).get("bytes")]
             gib = f"{statistics.median(hb) / 2**30:.2f}" if hb else "-"
             ratio = f"**{hw / load:.2f}x**" if hw and load else "-"
-            L.append(f"| {size} | {fmt(warm)} | {fmt(load)} | {gib} | {fmt(hw)} | {ratio} |")
+            L.append(f"| {size} | {_fmt(warm)} | {_fmt(load)} | {gib} | {_fmt(hw)} | {ratio} |")
     warm_reads = {size: _med([r for r in rows if r["size"] == size and r["method"] == "restore"
                               and r.get("cache") == "warm"], "disk_read_bytes") for size in sizes}
     if any(v is not None for v in warm_reads.values()):
