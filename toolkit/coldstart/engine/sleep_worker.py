@@ -15,10 +15,12 @@ load time into one anonymous mapping laid out exactly like the flat file) and po
 zero-fill faults, no copy; ``copy`` reads the file into the tensors through our parallel loader
 (O_DIRECT when the file is cold: buffered cold copies ran 3x slower inside the worker, see
 docs/engine.md);
-``auto`` copies (O_DIRECT) when the flat file is cold (under 10 % of it in the page cache: after a
-cold map reload the first forward pass ran 1.5-3x slower, so a cold copy + canary beat a cold map +
-canary in every committed reload run), else maps when the arena exists and the file's index matches
-its layout, else copies (the result says why: ``auto_choice`` / ``map_refused``). Set
+``auto`` maps when the arena exists and the file's index matches its layout, else copies (the
+result says why: ``auto_choice`` / ``map_refused``); a cold flat file (under 10 % of it in the page
+cache) is copied in (O_DIRECT) instead, unless the layers serve from packed handles holding their
+own copies (``handles_hold_copies``): serving from the mapped file pages, the first forward pass
+after a cold map ran 1.5-3x slower, while with the handles the prepack reads the weights once,
+beside the populate. Set
 ``COLDSTART_WEIGHT_ARENA=0`` to keep vLLM's own allocation (copy only).
 
 Linear layers keep their weight as a plain tensor (the one sleep releases and a reload refills in
@@ -119,9 +121,21 @@ def _resident_fraction(flat: Path) -> float:
     return sampled_resident_fraction(read_index(flat).data_file)
 
 
+def handles_hold_copies() -> bool:
+    """Whether the layers serve from packed handles holding their own copy of each weight, so the
+    weight tensors are read once, by the prepack: prepack on, vLLM's dispatch hooked, and a CPU
+    with AVX-512 BF16, where vLLM's oneDNN handle is a packed copy (both hosts measured; elsewhere
+    vLLM may fall back to F.linear on the tensor itself)."""
+    return prepack_enabled() and _ORIG_DISPATCH is not None and bool(torch.cpu._is_avx512_bf16_supported())
+
+
 def _auto_reload_mode(flat: Path) -> tuple[str, str, float | None]:
-    """``auto`` with an arena: ``copy`` for a cold flat file (the loader then reads it with O_DIRECT),
-    ``map`` otherwise; (mode, why, the sampled residency or None)."""
+    """``auto`` with an arena: ``map`` for a cached flat file; for a cold one ``map`` too where the
+    handles hold copies (the prepack runs beside the populate: Intel AMX host, cold, 0.86 s against
+    1.44 for a copy and then the prepack, the canary after both alike, results/reload-intel-2), else
+    ``copy`` (the loader then reads it with O_DIRECT: with the layers serving from the mapped file
+    pages, the first forward passes after a cold map ran 1.5-3x slower); (mode, why, the sampled
+    residency or None)."""
     from coldstart.weights.loader import COLD_DIRECT_MAX
 
     try:
@@ -129,6 +143,8 @@ def _auto_reload_mode(flat: Path) -> tuple[str, str, float | None]:
     except Exception as e:  # noqa: BLE001 - an unreadable file is map_file's to report
         return "map", f"auto: residency unknown ({e}) -> map", None
     if frac < COLD_DIRECT_MAX:
+        if handles_hold_copies():
+            return "map", f"auto: {frac:.0%} of the weights file cached, served from packed handles -> map", frac
         return "copy", f"auto: {frac:.0%} of the weights file cached -> copy", frac
     return "map", f"auto: {frac:.0%} of the weights file cached -> map", frac
 
