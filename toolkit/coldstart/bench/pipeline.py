@@ -78,7 +78,8 @@ def reload_table(rows: list[dict], size: str, methods: tuple[str, ...] = METHODS
              "cache as the loader chooses; **copy-odirect** / **copy-buffered** force one); **map** = the flat file is mmap'ed (MAP_PRIVATE|MAP_FIXED) over the weight arena "
              "and populated with MADV_POPULATE_READ in 4 threads: \"done\" means every page is mapped and "
              "resident (no copy; a later write would copy-on-write one page); **auto** = the default "
-             "(`coldstart restore` uses it): copy when under 10 % of the file is cached, else map.", "",
+             "(`coldstart restore` uses it): map, except that a file under 10 % cached is copied where the layers "
+             "do not serve from packed handles holding their own copies (sleep_worker.handles_hold_copies).", "",
              "Since serving goes through vLLM's prepacked GEMM handles, our reload ends by packing them again "
              "(**prepack**; vLLM's stock reload packs its own inside its time): **reload** is the whole step, "
              "**read** the part before the prepack (the loader's copy, or map + populate), **GiB/s** the "
