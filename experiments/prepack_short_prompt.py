@@ -5,9 +5,11 @@ Usage: .venv/bin/python experiments/prepack_short_prompt.py MODEL_DIR SLEEP(0|1)
 FAILED and the server's answer. On the Intel AMX host (2026-11-28) the tiny model with the prompt
 "Hello" failed (EngineCore exited without a traceback) with prepack on, in every combination of
 SLEEP and PIDNS tried, and answered with COLDSTART_PREPACK=0; "Hello there" and "The capital of
-France is" answered with prepack on. vLLM's stock CPU worker (worker_cls="", no sleep mode), which
-packs the same handles, failed the same way on "Hello": the crash is in vLLM's packed kernels for the
-tiny model's small layers on that host, not in our worker. Not root-caused further."""
+France is" answered with prepack on. vLLM's stock CPU worker (worker_cls="", no sleep mode) failed
+the same way on "Hello". Root cause (same day, in-process with faulthandler): SIGILL in vLLM's
+``cpu_attention_with_kv_cache``, which executes AMX instructions without asking Linux for the AMX
+tile state (arch_prctl ARCH_REQ_XCOMP_PERM); oneDNN asks on its first AMX GEMM, so the order of
+first kernels decided. Fixed in our worker by ``xstate.ask_amx()`` at its start; after the fix this script prints OK for "Hello"."""
 import sys
 import tempfile
 from pathlib import Path

@@ -50,13 +50,23 @@ def test_this_process_reports_its_permissions():
     assert perm & 0b11 == 0b11  # x87 and SSE are always permitted
 
 
+def test_a_fresh_process_asks_for_amx_where_the_cpu_has_it():
+    """What the engine's worker does at start: vLLM's attention kernel uses AMX without asking."""
+    code = "from coldstart.engine import xstate; b = xstate.xcomp_perm(); print(xstate.ask_amx(), b, xstate.xcomp_perm())"
+    asked, before, after = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                                          text=True).stdout.split()
+    if not _has_amx() or before == "None":
+        assert asked == "False"
+        return
+    assert asked == "True" and not int(before) >> XTILEDATA & 1 and int(after) >> XTILEDATA & 1
+
+
 PROG = r"""
 import sys, time
 from pathlib import Path
 from coldstart.engine import xstate
 out = Path(sys.argv[1])
-import ctypes
-ctypes.CDLL(None).syscall(xstate.SYS_ARCH_PRCTL, xstate.ARCH_REQ_XCOMP_PERM, 18)
+xstate.ask_amx()
 recorded = xstate.xcomp_perm()
 fixed = False
 while True:

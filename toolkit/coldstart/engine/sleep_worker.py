@@ -126,7 +126,7 @@ def handles_hold_copies() -> bool:
     weight tensors are read once, by the prepack: prepack on, vLLM's dispatch hooked, and a CPU
     with AVX-512 BF16, where vLLM's oneDNN handle is a packed copy (both hosts measured; elsewhere
     vLLM may fall back to F.linear on the tensor itself)."""
-    return prepack_enabled() and _ORIG_DISPATCH is not None and bool(torch.cpu._is_avx512_bf16_supported())
+    return packing_active() and bool(torch.cpu._is_avx512_bf16_supported())
 
 
 def _auto_reload_mode(flat: Path) -> tuple[str, str, float | None]:
@@ -201,6 +201,11 @@ def prepack_enabled() -> bool:
     return os.environ.get("COLDSTART_PREPACK", "1") != "0"
 
 
+def packing_active() -> bool:
+    """Whether the linear layers get packed handles: prepack on and vLLM's dispatch hooked."""
+    return prepack_enabled() and _ORIG_DISPATCH is not None
+
+
 def prepack_threads() -> int:
     """Threads that build the handles: one per online CPU (at most 8), or $COLDSTART_PREPACK_THREADS."""
     env = os.environ.get("COLDSTART_PREPACK_THREADS")
@@ -223,7 +228,7 @@ def prepack_linears(threads: int | None = None, touch=None) -> tuple[int, float,
     their weights' addresses, the weights file's order, the order it arrives in. The thread-seconds
     spent in ``touch`` are what the packing waited for the file, apart from the packing itself."""
     t0 = time.perf_counter()
-    if _ORIG_DISPATCH is None or not prepack_enabled():
+    if not packing_active():
         return 0, time.perf_counter() - t0, 0, 0.0
     waited = [0.0]
     waited_lock = threading.Lock()
@@ -397,11 +402,12 @@ class ColdstartRPCMixin:
     def coldstart_reload(self, path: str | None = None, threads: Any = None, verify: Any = False,
                          direct: Any = None, chunk_bytes: Any = None, buffers: Any = None,
                          mode: Any = None, populate_threads: Any = 4, prepack_threads: Any = None,
-                         overlap: Any = None) -> dict:
+                         overlap: Any = None, populate_piece_mib: Any = None) -> dict:
         """Refill every parameter and buffer from a flat dump (``mode``: map | copy | auto, see the
         module docstring); returns the stats. ``path`` defaults to the flat dir found for the served
         model (see plugin.find_flat_dir). ``overlap`` (map mode): prepack while the populating
-        threads still fault the file in (_overlap_prepack; None: $COLDSTART_PREPACK_OVERLAP here)."""
+        threads still fault the file in (_overlap_prepack; None: $COLDSTART_PREPACK_OVERLAP here).
+        ``populate_piece_mib`` (map mode): the range one populating thread takes at a time."""
         from coldstart.weights.loader import load_into
 
         self._cs_stop_settling()
@@ -438,12 +444,14 @@ class ColdstartRPCMixin:
                     except Exception:  # noqa: BLE001 - an unreadable file is map_file's to report
                         pass
                 # the prepack beside the populate (WeightArena.map_file, "background")
-                side = prepack_enabled() and _ORIG_DISPATCH is not None and not check \
+                side = packing_active() and not check \
                     and _overlap_prepack(decode_arg(overlap), flat, frac)
                 try:
                     index = read_index(flat)
+                    piece = decode_arg(populate_piece_mib)
                     out = self._cs_arena.map_file(index, threads=int(decode_arg(populate_threads)),
-                                                  verify=check, populate="background" if side else "now")
+                                                  verify=check, populate="background" if side else "now",
+                                                  **({"piece": int(piece) << 20} if piece else {}))
                     if side:
                         out.update(self._cs_prepack(decode_arg(prepack_threads), touch=self._cs_arena.populate_tensor,
                                                     source=index))
@@ -618,6 +626,9 @@ class SleepCPUWorker(ColdstartRPCMixin, CPUWorker):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        from coldstart.engine import xstate
+
+        xstate.ask_amx()  # before the first forward pass (see ask_amx)
         self._cs_init()
 
     def load_model(self, *args, **kwargs) -> None:

@@ -10,6 +10,11 @@ every process; for snapshots dumped without it, the checkpoint records the worke
 ``coldstart_xstate``, ``manifest.xcomp_perm``) and the restore has the worker ask for whatever is
 missing before its first forward pass.
 
+A fresh process needs asking too: vLLM's CPU attention kernel executes AMX instructions without
+asking, while oneDNN asks on its first AMX GEMM, so a one-token prompt (attention before any AMX
+GEMM) killed vLLM's engine with SIGILL on the Intel AMX host, stock worker included
+(experiments/prepack_short_prompt.py). Our worker asks at start (``ask_amx``).
+
 Linux only; every function returns quietly where the syscall does not exist (other architectures,
 kernels before 5.16).
 """
@@ -52,6 +57,13 @@ def missing(recorded: int | None, now: int | None = None) -> list[int]:
         return []
     lost = recorded & ~now
     return [b for b in range(FIRST_DYNAMIC_FEATURE, 64) if lost >> b & 1]
+
+
+def ask_amx() -> bool:
+    """Ask for the AMX tile data permission; False where the CPU or kernel has no AMX (nothing to ask)."""
+    if not supported():
+        return False
+    return _libc.syscall(SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, FIRST_DYNAMIC_FEATURE) == 0
 
 
 def restore_xcomp_perm(recorded: int | None) -> list[int]:
