@@ -1,15 +1,20 @@
-"""Does a smaller populate piece shorten a cold map reload with the prepack beside it?
+"""What shortens a cold map reload with the prepack beside it: a smaller populate piece, or packing
+threads that yield the CPUs to the populating ones (nice)?
 
 Why: the map reload's populating threads (4) each take 64 MiB of the weights file at a time, so the
 file arrives in waves of 256 MiB, while the prepack walks the layers in file order. The layers of
 the last wave can only be packed once it has arrived: with the bench model on the Intel AMX host
 (results/reload-intel-3) the cold step took 0.82 s where reading the file at the device's median
 takes 0.70 s and packing it warm 0.51 s. Smaller pieces make the last wave, and so the packing
-left after the read, smaller; they also mean more populate calls.
+left after the read, smaller; they also mean more populate calls. Measured (2026-11-28, first run):
+the piece made no difference, and every reload ended with its populate: the read itself was slow
+(1.3 GiB/s against 1.45-1.95 for fio), with the two packing threads busy on the two cores while the
+populating threads wait for CPU after each read. Hence the second knob: the packing threads' nice.
 
-Usage: .venv/bin/python experiments/reload_populate_piece.py OUT_DIR [REPS] [PIECES_MIB ...]
-(bench model; one server; per round: the device limit by fio, then each piece once, interleaved,
-the flat file evicted before each reload). Writes OUT_DIR/raw.jsonl and prints a summary.
+Usage: .venv/bin/python experiments/reload_populate_piece.py OUT_DIR [REPS] [VARIANT ...]
+VARIANT: PIECE_MIB[:NICE] (default 64 16 4). Bench model; one server; per round: the device limit
+by fio, then each variant once, interleaved, the flat file evicted before each reload. Writes
+OUT_DIR/raw.jsonl and prints a summary.
 """
 from __future__ import annotations
 
@@ -28,7 +33,7 @@ from coldstart.warm.residency import evict_all
 
 out = Path(sys.argv[1])
 reps = int(sys.argv[2]) if len(sys.argv) > 2 else 4
-pieces = [int(p) for p in sys.argv[3:]] or [64, 16, 4]
+variants = sys.argv[3:] or ["64", "16", "4"]
 out.mkdir(parents=True, exist_ok=True)
 work = Path(tempfile.mkdtemp(prefix="cs-piece-", dir="/var/tmp"))
 spec = EngineSpec(model=cached_model("bench"), run_dir=work / "run", port=free_port(), sleep_mode=True)
@@ -53,18 +58,20 @@ try:
         c.wake_up(["weights"])
         c.collective_rpc("coldstart_reload", kwargs={"path": str(flat), "mode": "map"})  # back to serving
         c.wake_up(["kv_cache"])
-        for piece in (pieces if rep % 2 == 0 else pieces[::-1]):
+        for v in (variants if rep % 2 == 0 else variants[::-1]):
+            piece, _, nice = v.partition(":")
             c.sleep(level=2)
             c.wake_up(["weights"])
             evict_all([data])
             resident = resident_fraction([data])
             t = time.perf_counter()
             r = c.collective_rpc("coldstart_reload", kwargs={"path": str(flat), "mode": "auto",
-                                                             "populate_piece_mib": piece})[0]
+                                                             "populate_piece_mib": int(piece),
+                                                             "prepack_nice": int(nice or 0)})[0]
             wall = time.perf_counter() - t
             c.wake_up(["kv_cache"])
             ok = c.complete("The capital of France is", max_tokens=8).token_ids == canary
-            rows.append({"rep": rep, "what": "reload", "piece_mib": piece, "resident_before": round(resident, 4),
+            rows.append({"rep": rep, "what": "reload", "variant": v, "piece_mib": int(piece), "nice": int(nice or 0), "resident_before": round(resident, 4),
                          "seconds": r.get("seconds_rpc"), "wall_s": round(wall, 4), "canary_ok": ok,
                          "gib_s": round(data.stat().st_size / r["seconds_rpc"] / 2**30, 3),
                          **{k: r.get(k) for k in ("mode", "auto_choice", "populate_s", "prepack_s",
@@ -75,9 +82,9 @@ finally:
 (out / "raw.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 dev = statistics.median(r["gib_s"] for r in rows if r["what"] == "device")
 print(f"device (fio, median of {reps}): {dev:.2f} GiB/s")
-for piece in pieces:
-    rs = [r for r in rows if r.get("piece_mib") == piece]
+for v in variants:
+    rs = [r for r in rows if r.get("variant") == v]
     s = statistics.median(r["seconds"] for r in rs)
     g = statistics.median(r["gib_s"] for r in rs)
-    print(f"piece {piece:3d} MiB: cold reload {s:.3f} s, {g:.2f} GiB/s = {g / dev:.2f}x the device; "
+    print(f"{v:>6} (piece MiB[:nice]): cold reload {s:.3f} s, {g:.2f} GiB/s = {g / dev:.2f}x the device; "
           f"canary ok {sum(r['canary_ok'] for r in rs)}/{len(rs)}; modes {sorted({r['mode'] for r in rs})}")

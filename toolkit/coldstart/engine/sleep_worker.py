@@ -214,7 +214,7 @@ def prepack_threads() -> int:
     return max(1, min(8, len(online_cpus())))
 
 
-def prepack_linears(threads: int | None = None, touch=None) -> tuple[int, float, int, float]:
+def prepack_linears(threads: int | None = None, touch=None, nice: int = 0) -> tuple[int, float, int, float]:
     """vLLM's prepacked GEMM handle for every linear layer, from its weight as it is now (vLLM's
     dispatch with remove_weight=False: the tensor stays, for the next sleep and reload). Returns
     (layers, seconds, threads used, thread-seconds spent in ``touch``).
@@ -226,7 +226,9 @@ def prepack_linears(threads: int | None = None, touch=None) -> tuple[int, float,
     ``touch(weight)``: called before a layer is packed (WeightArena.populate_tensor: its weight
     faulted in while the rest of the file is still arriving); the layers then go in the order of
     their weights' addresses, the weights file's order, the order it arrives in. The thread-seconds
-    spent in ``touch`` are what the packing waited for the file, apart from the packing itself."""
+    spent in ``touch`` are what the packing waited for the file, apart from the packing itself.
+    ``nice``: the packing threads' nice value (side by side with the populate: its threads then get
+    the CPUs first when their reads complete)."""
     t0 = time.perf_counter()
     if not packing_active():
         return 0, time.perf_counter() - t0, 0, 0.0
@@ -253,6 +255,8 @@ def prepack_linears(threads: int | None = None, touch=None) -> tuple[int, float,
 
     def pack_wide(layer) -> None:
         widen_thread()
+        if nice:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)  # this thread only (Linux)
         pack(layer)
 
     with ThreadPoolExecutor(n, thread_name_prefix="coldstart-prepack") as ex:
@@ -402,12 +406,13 @@ class ColdstartRPCMixin:
     def coldstart_reload(self, path: str | None = None, threads: Any = None, verify: Any = False,
                          direct: Any = None, chunk_bytes: Any = None, buffers: Any = None,
                          mode: Any = None, populate_threads: Any = 4, prepack_threads: Any = None,
-                         overlap: Any = None, populate_piece_mib: Any = None) -> dict:
+                         overlap: Any = None, populate_piece_mib: Any = None, prepack_nice: Any = 0) -> dict:
         """Refill every parameter and buffer from a flat dump (``mode``: map | copy | auto, see the
         module docstring); returns the stats. ``path`` defaults to the flat dir found for the served
         model (see plugin.find_flat_dir). ``overlap`` (map mode): prepack while the populating
         threads still fault the file in (_overlap_prepack; None: $COLDSTART_PREPACK_OVERLAP here).
-        ``populate_piece_mib`` (map mode): the range one populating thread takes at a time."""
+        ``populate_piece_mib`` (map mode): the range one populating thread takes at a time;
+        ``prepack_nice``: the packing threads' nice value when they run beside the populate."""
         from coldstart.weights.loader import load_into
 
         self._cs_stop_settling()
@@ -454,7 +459,7 @@ class ColdstartRPCMixin:
                                                   **({"piece": int(piece) << 20} if piece else {}))
                     if side:
                         out.update(self._cs_prepack(decode_arg(prepack_threads), touch=self._cs_arena.populate_tensor,
-                                                    source=index))
+                                                    source=index, nice=int(decode_arg(prepack_nice) or 0)))
                         out.update(populate_s=round(self._cs_arena.wait_populated(), 6), prepack_overlapped=True)
                 except ColdstartError as e:
                     if self._cs_arena.mapped:  # half-done: back to an anonymous arena before copying
@@ -557,12 +562,12 @@ class ColdstartRPCMixin:
         out["seconds_rpc"] = round(time.perf_counter() - t0, 6)
         return out
 
-    def _cs_prepack(self, threads: Any = None, touch=None, source=None) -> dict:
+    def _cs_prepack(self, threads: Any = None, touch=None, source=None, nice: int = 0) -> dict:
         """Build the handles from the weights now in place; ``source``: the index (FlatIndex) of the
         flat dump they came from (its identity is what a kept set of handles is checked against),
         None for any other."""
         self._cs_packed_from = None
-        n, secs, used, waited = prepack_linears(int(threads) if threads else None, touch=touch)
+        n, secs, used, waited = prepack_linears(int(threads) if threads else None, touch=touch, nice=nice)
         if source is not None and n:
             self._cs_packed_from = index_identity(source)
         out = {"prepacked_linears": n, "prepack_s": round(secs, 6), "prepack_threads": used}
