@@ -12,13 +12,15 @@ the piece made no difference, and every reload ended with its populate: the read
 populating threads wait for CPU after each read. Hence the second knob: the packing threads' nice.
 
 Usage: .venv/bin/python experiments/reload_populate_piece.py OUT_DIR [REPS] [VARIANT ...]
-VARIANT: PIECE_MIB[:NICE] (default 64 16 4). Bench model; one server; per round: the device limit
+VARIANT: PIECE_MIB[:NICE[:FILL]] (default 64 16 4; FILL fault or read, WeightArena.map_file's fill). Bench model; one server; per round: the device limit
 by fio, then each variant once, interleaved, the flat file evicted before each reload. Writes
 OUT_DIR/raw.jsonl and prints a summary.
 """
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -59,7 +61,7 @@ try:
         c.collective_rpc("coldstart_reload", kwargs={"path": str(flat), "mode": "map"})  # back to serving
         c.wake_up(["kv_cache"])
         for v in (variants if rep % 2 == 0 else variants[::-1]):
-            piece, _, nice = v.partition(":")
+            piece, nice, fill = (v.split(":") + ["", ""])[:3]
             c.sleep(level=2)
             c.wake_up(["weights"])
             evict_all([data])
@@ -67,11 +69,12 @@ try:
             t = time.perf_counter()
             r = c.collective_rpc("coldstart_reload", kwargs={"path": str(flat), "mode": "auto",
                                                              "populate_piece_mib": int(piece),
-                                                             "prepack_nice": int(nice or 0)})[0]
+                                                             "prepack_nice": int(nice or 0),
+                                                             "populate_fill": fill or None})[0]
             wall = time.perf_counter() - t
             c.wake_up(["kv_cache"])
             ok = c.complete("The capital of France is", max_tokens=8).token_ids == canary
-            rows.append({"rep": rep, "what": "reload", "variant": v, "piece_mib": int(piece), "nice": int(nice or 0), "resident_before": round(resident, 4),
+            rows.append({"rep": rep, "what": "reload", "variant": v, "piece_mib": int(piece), "nice": int(nice or 0), "fill": fill or "fault", "resident_before": round(resident, 4),
                          "seconds": r.get("seconds_rpc"), "wall_s": round(wall, 4), "canary_ok": ok,
                          "gib_s": round(data.stat().st_size / r["seconds_rpc"] / 2**30, 3),
                          **{k: r.get(k) for k in ("mode", "auto_choice", "populate_s", "prepack_s",
@@ -79,6 +82,8 @@ try:
             print(json.dumps(rows[-1]), flush=True)
 finally:
     eng.stop()
+    if not os.environ.get("KEEP_WORK"):  # KEEP_WORK=1 keeps the flat dump (experiments/populate_vs_sendfile.py)
+        shutil.rmtree(work, ignore_errors=True)
 (out / "raw.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 dev = statistics.median(r["gib_s"] for r in rows if r["what"] == "device")
 print(f"device (fio, median of {reps}): {dev:.2f} GiB/s")
@@ -86,5 +91,5 @@ for v in variants:
     rs = [r for r in rows if r.get("variant") == v]
     s = statistics.median(r["seconds"] for r in rs)
     g = statistics.median(r["gib_s"] for r in rs)
-    print(f"{v:>6} (piece MiB[:nice]): cold reload {s:.3f} s, {g:.2f} GiB/s = {g / dev:.2f}x the device; "
+    print(f"{v:>6} (piece MiB[:nice[:fill]]): cold reload {s:.3f} s, {g:.2f} GiB/s = {g / dev:.2f}x the device; "
           f"canary ok {sum(r['canary_ok'] for r in rs)}/{len(rs)}; modes {sorted({r['mode'] for r in rs})}")

@@ -1,0 +1,104 @@
+"""How fast does a cold weights file come in through a private mapping, by page faults or by reads?
+
+Why: the map reload populates the mapped weights file with MADV_POPULATE_READ in 4 threads of 64 MiB
+pieces, and its cold step is its read: 0.75-0.97x the device (fio) in three runs of
+results/spot-checks/reload-populate-piece. Page faults on a mapping read around the fault
+(read_ahead_kb), while read(2)-like calls get the kernel's sequential readahead. The warmers fill
+the page cache with sendfile(2) to /dev/null (no copy to user space); a populate after that only
+maps cached pages (a warm map reload took 0.02 s).
+
+Usage: .venv/bin/python experiments/populate_vs_sendfile.py FILE OUT_DIR [ROUNDS]
+No server: the file mapped MAP_PRIVATE in this process, evicted before each cell, cells in a
+shuffled order each round, fio (the faster of bench reload's two shapes) in every round.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+from coldstart.bench.weights import fio_run
+from coldstart.engine.arena import MADV_POPULATE_READ, MAP_PRIVATE, PROT_READ, _libc, _madvise
+from coldstart.warm.residency import evict_all, read_into_cache
+
+path, out = Path(sys.argv[1]), Path(sys.argv[2])
+rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 6
+size = path.stat().st_size
+
+
+def run_threads(threads: int, piece: int, fn) -> None:
+    ranges = [(o, min(piece, size - o)) for o in range(0, size, piece)]
+    lock = threading.Lock()
+
+    def work():
+        while True:
+            with lock:
+                if not ranges:
+                    return
+                o, n = ranges.pop(0)
+            fn(o, n)
+
+    ths = [threading.Thread(target=work) for _ in range(threads)]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join()
+
+
+def cell(kind: str, threads: int, piece: int) -> float:
+    fd = os.open(path, os.O_RDONLY)
+    addr = _libc.mmap(None, size, PROT_READ, MAP_PRIVATE, fd, 0)
+    try:
+        t = time.perf_counter()
+        if kind == "populate":
+            run_threads(threads, piece, lambda o, n: _madvise(addr + o, n, MADV_POPULATE_READ))
+        elif kind == "sendfile+populate":  # a descriptor per thread (its own readahead state), as map_file(fill="read")
+            local = threading.local()
+
+            def both(o, n):
+                if not hasattr(local, "fd"):
+                    local.fd = os.open(path, os.O_RDONLY)
+                    fds.append(local.fd)
+                read_into_cache(local.fd, o, n)
+                _madvise(addr + o, n, MADV_POPULATE_READ)
+            fds: list[int] = []
+            run_threads(threads, piece, both)
+            for f in fds:
+                os.close(f)
+        return time.perf_counter() - t
+    finally:
+        _libc.munmap(addr, size)
+        os.close(fd)
+
+
+cells = [("populate", 4, 64 << 20), ("sendfile+populate", 4, 64 << 20), ("sendfile+populate", 2, 64 << 20),
+         ("sendfile+populate", 4, 8 << 20)]
+rows = []
+for rnd in range(rounds):
+    best = 0.0
+    for direct, bs in ((0, 16 << 20), (1, 1 << 20)):
+        evict_all([path])
+        nb, secs = fio_run(path, direct, 4, bs)
+        best = max(best, nb / secs / 2**30)
+    rows.append({"round": rnd, "cell": "device", "gib_s": round(best, 3)})
+    order = cells[:]
+    random.Random(rnd).shuffle(order)
+    for kind, threads, piece in order:
+        evict_all([path])
+        secs = cell(kind, threads, piece)
+        rows.append({"round": rnd, "cell": f"{kind} {threads}x{piece >> 20}M", "seconds": round(secs, 4),
+                     "gib_s": round(size / secs / 2**30, 3)})
+    print(json.dumps(rows[-len(cells) - 1:]), flush=True)
+out.mkdir(parents=True, exist_ok=True)
+(out / "raw.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+dev = {r["round"]: r["gib_s"] for r in rows if r["cell"] == "device"}
+print(f"{path.name}, {size / 2**30:.2f} GiB; device median {statistics.median(dev.values()):.2f} GiB/s")
+for name in dict.fromkeys(r["cell"] for r in rows if r["cell"] != "device"):
+    rs = [r for r in rows if r["cell"] == name]
+    paired = statistics.median(r["gib_s"] / dev[r["round"]] for r in rs)
+    print(f"{name:28s} {statistics.median(r['gib_s'] for r in rs):.2f} GiB/s, paired {paired:.2f}x the device")
