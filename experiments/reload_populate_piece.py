@@ -12,7 +12,8 @@ the piece made no difference, and every reload ended with its populate: the read
 populating threads wait for CPU after each read. Hence the second knob: the packing threads' nice.
 
 Usage: .venv/bin/python experiments/reload_populate_piece.py OUT_DIR [REPS] [VARIANT ...]
-VARIANT: PIECE_MIB[:NICE[:FILL]] (default 64 16 4; FILL fault or read, WeightArena.map_file's fill). Bench model; one server; per round: the device limit
+VARIANT: PIECE_MIB[:NICE[:FILL]] (default 64 16 4; FILL read: WeightArena.map_file(fill="read"), which
+existed only in commit e4e391a, measured without a gain and removed). Bench model; one server; per round: the device limit
 by fio, then each variant once, interleaved, the flat file evicted before each reload. Writes
 OUT_DIR/raw.jsonl and prints a summary.
 """
@@ -70,7 +71,7 @@ try:
             r = c.collective_rpc("coldstart_reload", kwargs={"path": str(flat), "mode": "auto",
                                                              "populate_piece_mib": int(piece),
                                                              "prepack_nice": int(nice or 0),
-                                                             "populate_fill": fill or None})[0]
+                                                             **({"populate_fill": fill} if fill else {})})[0]
             wall = time.perf_counter() - t
             c.wake_up(["kv_cache"])
             ok = c.complete("The capital of France is", max_tokens=8).token_ids == canary

@@ -189,7 +189,7 @@ class WeightArena:
     # --- the two operations
     def map_file(self, index: FlatIndex, *, threads: int = 4, verify: bool = False,
                  piece: int = 64 << 20, willneed: bool = True, populate: str = "now",
-                 skip: frozenset[str] | set[str] = frozenset(), fill: str = "fault") -> dict:
+                 skip: frozenset[str] | set[str] = frozenset()) -> dict:
         """Map the flat file over the arena (after ``check_index``), populate it, copy the tensors
         left in place out of it. Returns timings. Raises ColdstartError on any failure.
         ``populate`` "background": the populating threads are left running (``wait_populated``):
@@ -198,14 +198,9 @@ class WeightArena:
         disk with the CPUs idle, and the prepack then needs them both (AVX-512 host: 0.7 s, then
         1 s); side by side they take the longer of the two. (Not with ``verify``: it reads all.)
         ``skip``: spans the caller will not read (linear weights whose packed handles were kept
-        through the checkpoint): mapped like the rest, neither read ahead nor populated.
-        ``fill`` "read": each populating thread first reads its piece into the page cache through a
-        file descriptor of its own (sendfile to /dev/null: the kernel's sequential readahead, no copy),
-        then populates it; "fault" (default): the populate's page faults read the file themselves."""
+        through the checkpoint): mapped like the rest, neither read ahead nor populated."""
         if populate not in ("now", "background"):
             raise ValueError(f"populate must be now or background, not {populate!r}")
-        if fill not in ("fault", "read"):
-            raise ValueError(f"fill must be fault or read, not {fill!r}")
         import torch
 
         self.check_index(index)
@@ -238,28 +233,19 @@ class WeightArena:
                 pass
         errors: list[str] = []
         ranges = [(o + k, min(piece, n - k)) for o, n in extents for k in range(0, n, piece)]
-        if fill == "read":
-            from coldstart.warm.residency import read_into_cache
         lock = threading.Lock()
 
         def work() -> None:
-            rfd = os.open(path, os.O_RDONLY | os.O_CLOEXEC) if fill == "read" else -1
-            try:
-                while True:
-                    with lock:
-                        if not ranges:
-                            return
-                        o, n = ranges.pop(0)
-                    try:
-                        if rfd >= 0:  # the arena is a byte image of the file: same offsets
-                            read_into_cache(rfd, o, n)
-                        _madvise(self.addr + o, n, MADV_POPULATE_READ)
-                    except OSError as e:
-                        errors.append(str(e))
+            while True:
+                with lock:
+                    if not ranges:
                         return
-            finally:
-                if rfd >= 0:
-                    os.close(rfd)
+                    o, n = ranges.pop(0)
+                try:
+                    _madvise(self.addr + o, n, MADV_POPULATE_READ)
+                except OSError as e:
+                    errors.append(str(e))
+                    return
 
         ths = [threading.Thread(target=work, name=f"cs-populate-{i}", daemon=True) for i in range(max(1, threads))]
         for th in ths:
