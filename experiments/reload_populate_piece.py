@@ -12,8 +12,10 @@ the piece made no difference, and every reload ended with its populate: the read
 populating threads wait for CPU after each read. Hence the second knob: the packing threads' nice.
 
 Usage: .venv/bin/python experiments/reload_populate_piece.py OUT_DIR [REPS] [VARIANT ...]
-VARIANT: PIECE_MIB[:NICE[:FILL]] (default 64 16 4; FILL read: WeightArena.map_file(fill="read"), which
-existed only in commit e4e391a, measured without a gain and removed). Bench model; one server; per round: the device limit
+VARIANT: PIECE_MIB[:NICE[:FILL[:OVERLAP[:WIDEN]]]] (default 64 16 4; FILL read:
+WeightArena.map_file(fill="read"), which existed only in commit e4e391a, measured without a gain
+and removed; OVERLAP 0: populate first, then pack, so that the read is timed alone as populate_s;
+WIDEN 0: the populating threads keep the worker's one-core mask, as before 2026-11-28). Bench model; one server; per round: the device limit
 by fio, then each variant once, interleaved, the flat file evicted before each reload. Writes
 OUT_DIR/raw.jsonl and prints a summary.
 """
@@ -62,7 +64,7 @@ try:
         c.collective_rpc("coldstart_reload", kwargs={"path": str(flat), "mode": "map"})  # back to serving
         c.wake_up(["kv_cache"])
         for v in (variants if rep % 2 == 0 else variants[::-1]):
-            piece, nice, fill = (v.split(":") + ["", ""])[:3]
+            piece, nice, fill, overlap, widen = (v.split(":") + ["", "", "", ""])[:5]
             c.sleep(level=2)
             c.wake_up(["weights"])
             evict_all([data])
@@ -71,13 +73,15 @@ try:
             r = c.collective_rpc("coldstart_reload", kwargs={"path": str(flat), "mode": "auto",
                                                              "populate_piece_mib": int(piece),
                                                              "prepack_nice": int(nice or 0),
-                                                             **({"populate_fill": fill} if fill else {})})[0]
+                                                             **({"populate_fill": fill} if fill else {}),
+                                                             **({"overlap": overlap == "1"} if overlap else {}),
+                                                             **({"populate_widen": widen == "1"} if widen else {})})[0]
             wall = time.perf_counter() - t
             c.wake_up(["kv_cache"])
             ok = c.complete("The capital of France is", max_tokens=8).token_ids == canary
             rows.append({"rep": rep, "what": "reload", "variant": v, "piece_mib": int(piece), "nice": int(nice or 0), "fill": fill or "fault", "resident_before": round(resident, 4),
                          "seconds": r.get("seconds_rpc"), "wall_s": round(wall, 4), "canary_ok": ok,
-                         "gib_s": round(data.stat().st_size / r["seconds_rpc"] / 2**30, 3),
+                         "gib_s": round(data.stat().st_size / r["seconds_rpc"] / 2**30, 3), "bytes": data.stat().st_size,
                          **{k: r.get(k) for k in ("mode", "auto_choice", "populate_s", "prepack_s",
                                                   "prepack_overlapped", "prepack_waited_s")}})
             print(json.dumps(rows[-1]), flush=True)
@@ -87,10 +91,13 @@ finally:
         shutil.rmtree(work, ignore_errors=True)
 (out / "raw.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 dev = statistics.median(r["gib_s"] for r in rows if r["what"] == "device")
+data_bytes = rows[-1].get("bytes", 0)
 print(f"device (fio, median of {reps}): {dev:.2f} GiB/s")
 for v in variants:
     rs = [r for r in rows if r.get("variant") == v]
     s = statistics.median(r["seconds"] for r in rs)
     g = statistics.median(r["gib_s"] for r in rs)
-    print(f"{v:>6} (piece MiB[:nice[:fill]]): cold reload {s:.3f} s, {g:.2f} GiB/s = {g / dev:.2f}x the device; "
+    rd = statistics.median(data_bytes / r["populate_s"] / 2**30 for r in rs)
+    print(f"{v:>10} (piece MiB[:nice[:fill[:overlap[:widen]]]]): cold reload {s:.3f} s, {g:.2f} GiB/s = {g / dev:.2f}x the device; "
+          f"populate alone {rd:.2f} GiB/s = {rd / dev:.2f}x; "
           f"canary ok {sum(r['canary_ok'] for r in rs)}/{len(rs)}; modes {sorted({r['mode'] for r in rs})}")
