@@ -15,7 +15,8 @@ Usage: .venv/bin/python experiments/reload_populate_piece.py OUT_DIR [REPS] [VAR
 VARIANT: PIECE_MIB[:NICE[:FILL[:OVERLAP[:WIDEN]]]] (default 64 16 4; FILL read:
 WeightArena.map_file(fill="read"), which existed only in commit e4e391a, measured without a gain
 and removed; OVERLAP 0: populate first, then pack, so that the read is timed alone as populate_s;
-WIDEN 0: the populating threads keep the worker's one-core mask, as before 2026-11-28). Bench model; one server; per round: the device limit
+WIDEN 0: the populating threads keep the worker's one-core mask; map_file's widen existed only in
+commit a0bf802, measured without a gain and removed). Bench model; one server; per round: the device limit
 by fio, then each variant once, interleaved, the flat file evicted before each reload. Writes
 OUT_DIR/raw.jsonl and prints a summary.
 """

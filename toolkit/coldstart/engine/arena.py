@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coldstart.cpulist import widen_thread
 from coldstart.errors import ColdstartError
 from coldstart.weights.format import DEFAULT_ALIGNMENT, FlatIndex, align_up, dtype_name
 
@@ -190,7 +189,7 @@ class WeightArena:
     # --- the two operations
     def map_file(self, index: FlatIndex, *, threads: int = 4, verify: bool = False,
                  piece: int = 64 << 20, willneed: bool = True, populate: str = "now",
-                 skip: frozenset[str] | set[str] = frozenset(), widen: bool = True) -> dict:
+                 skip: frozenset[str] | set[str] = frozenset()) -> dict:
         """Map the flat file over the arena (after ``check_index``), populate it, copy the tensors
         left in place out of it. Returns timings. Raises ColdstartError on any failure.
         ``populate`` "background": the populating threads are left running (``wait_populated``):
@@ -199,9 +198,7 @@ class WeightArena:
         disk with the CPUs idle, and the prepack then needs them both (AVX-512 host: 0.7 s, then
         1 s); side by side they take the longer of the two. (Not with ``verify``: it reads all.)
         ``skip``: spans the caller will not read (linear weights whose packed handles were kept
-        through the checkpoint): mapped like the rest, neither read ahead nor populated.
-        ``widen``: the populating threads may run on every online CPU (cpulist.widen_thread); a thread
-        inherits its creator's mask, and vLLM binds its CPU worker to one core."""
+        through the checkpoint): mapped like the rest, neither read ahead nor populated."""
         if populate not in ("now", "background"):
             raise ValueError(f"populate must be now or background, not {populate!r}")
         import torch
@@ -239,8 +236,6 @@ class WeightArena:
         lock = threading.Lock()
 
         def work() -> None:
-            if widen:
-                widen_thread()
             while True:
                 with lock:
                     if not ranges:

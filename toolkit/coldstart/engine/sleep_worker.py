@@ -406,15 +406,13 @@ class ColdstartRPCMixin:
     def coldstart_reload(self, path: str | None = None, threads: Any = None, verify: Any = False,
                          direct: Any = None, chunk_bytes: Any = None, buffers: Any = None,
                          mode: Any = None, populate_threads: Any = 4, prepack_threads: Any = None,
-                         overlap: Any = None, populate_piece_mib: Any = None, prepack_nice: Any = 0,
-                         populate_widen: Any = True) -> dict:
+                         overlap: Any = None, populate_piece_mib: Any = None, prepack_nice: Any = 0) -> dict:
         """Refill every parameter and buffer from a flat dump (``mode``: map | copy | auto, see the
         module docstring); returns the stats. ``path`` defaults to the flat dir found for the served
         model (see plugin.find_flat_dir). ``overlap`` (map mode): prepack while the populating
         threads still fault the file in (_overlap_prepack; None: $COLDSTART_PREPACK_OVERLAP here).
         ``populate_piece_mib`` (map mode): the range one populating thread takes at a time;
-        ``prepack_nice``: the packing threads' nice value when they run beside the populate;
-        ``populate_widen``: WeightArena.map_file's ``widen``."""
+        ``prepack_nice``: the packing threads' nice value when they run beside the populate."""
         from coldstart.weights.loader import load_into
 
         self._cs_stop_settling()
@@ -458,7 +456,6 @@ class ColdstartRPCMixin:
                     piece = decode_arg(populate_piece_mib)
                     out = self._cs_arena.map_file(index, threads=int(decode_arg(populate_threads)),
                                                   verify=check, populate="background" if side else "now",
-                                                  widen=bool(decode_arg(populate_widen)),
                                                   **({"piece": int(piece) << 20} if piece else {}))
                     if side:
                         out.update(self._cs_prepack(decode_arg(prepack_threads), touch=self._cs_arena.populate_tensor,
