@@ -11,6 +11,9 @@ the piece made no difference, and every reload ended with its populate: the read
 (1.3 GiB/s against 1.45-1.95 for fio), with the two packing threads busy on the two cores while the
 populating threads wait for CPU after each read. Hence the second knob: the packing threads' nice.
 
+Runs against the code of commit 2cafdf2: ``coldstart_reload``'s ``populate_piece_mib`` and ``prepack_nice``
+existed for this script only and were removed after it (no effect measured).
+
 Usage: .venv/bin/python experiments/reload_populate_piece.py OUT_DIR [REPS] [VARIANT ...]
 VARIANT: PIECE_MIB[:NICE[:FILL[:OVERLAP[:WIDEN]]]] (default 64 16 4; FILL read:
 WeightArena.map_file(fill="read"), which existed only in commit e4e391a, measured without a gain

@@ -214,7 +214,7 @@ def prepack_threads() -> int:
     return max(1, min(8, len(online_cpus())))
 
 
-def prepack_linears(threads: int | None = None, touch=None, nice: int = 0) -> tuple[int, float, int, float]:
+def prepack_linears(threads: int | None = None, touch=None) -> tuple[int, float, int, float]:
     """vLLM's prepacked GEMM handle for every linear layer, from its weight as it is now (vLLM's
     dispatch with remove_weight=False: the tensor stays, for the next sleep and reload). Returns
     (layers, seconds, threads used, thread-seconds spent in ``touch``).
@@ -226,9 +226,7 @@ def prepack_linears(threads: int | None = None, touch=None, nice: int = 0) -> tu
     ``touch(weight)``: called before a layer is packed (WeightArena.populate_tensor: its weight
     faulted in while the rest of the file is still arriving); the layers then go in the order of
     their weights' addresses, the weights file's order, the order it arrives in. The thread-seconds
-    spent in ``touch`` are what the packing waited for the file, apart from the packing itself.
-    ``nice``: the packing threads' nice value (side by side with the populate: its threads then get
-    the CPUs first when their reads complete)."""
+    spent in ``touch`` are what the packing waited for the file, apart from the packing itself."""
     t0 = time.perf_counter()
     if not packing_active():
         return 0, time.perf_counter() - t0, 0, 0.0
@@ -255,8 +253,6 @@ def prepack_linears(threads: int | None = None, touch=None, nice: int = 0) -> tu
 
     def pack_wide(layer) -> None:
         widen_thread()
-        if nice:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)  # this thread only (Linux)
         pack(layer)
 
     with ThreadPoolExecutor(n, thread_name_prefix="coldstart-prepack") as ex:
@@ -406,13 +402,11 @@ class ColdstartRPCMixin:
     def coldstart_reload(self, path: str | None = None, threads: Any = None, verify: Any = False,
                          direct: Any = None, chunk_bytes: Any = None, buffers: Any = None,
                          mode: Any = None, populate_threads: Any = 4, prepack_threads: Any = None,
-                         overlap: Any = None, populate_piece_mib: Any = None, prepack_nice: Any = 0) -> dict:
+                         overlap: Any = None) -> dict:
         """Refill every parameter and buffer from a flat dump (``mode``: map | copy | auto, see the
         module docstring); returns the stats. ``path`` defaults to the flat dir found for the served
         model (see plugin.find_flat_dir). ``overlap`` (map mode): prepack while the populating
-        threads still fault the file in (_overlap_prepack; None: $COLDSTART_PREPACK_OVERLAP here).
-        ``populate_piece_mib`` (map mode): the range one populating thread takes at a time;
-        ``prepack_nice``: the packing threads' nice value when they run beside the populate."""
+        threads still fault the file in (_overlap_prepack; None: $COLDSTART_PREPACK_OVERLAP here)."""
         from coldstart.weights.loader import load_into
 
         self._cs_stop_settling()
@@ -453,13 +447,11 @@ class ColdstartRPCMixin:
                     and _overlap_prepack(decode_arg(overlap), flat, frac)
                 try:
                     index = read_index(flat)
-                    piece = decode_arg(populate_piece_mib)
                     out = self._cs_arena.map_file(index, threads=int(decode_arg(populate_threads)),
-                                                  verify=check, populate="background" if side else "now",
-                                                  **({"piece": int(piece) << 20} if piece else {}))
+                                                  verify=check, populate="background" if side else "now")
                     if side:
                         out.update(self._cs_prepack(decode_arg(prepack_threads), touch=self._cs_arena.populate_tensor,
-                                                    source=index, nice=int(decode_arg(prepack_nice) or 0)))
+                                                    source=index))
                         out.update(populate_s=round(self._cs_arena.wait_populated(), 6), prepack_overlapped=True)
                 except ColdstartError as e:
                     if self._cs_arena.mapped:  # half-done: back to an anonymous arena before copying
@@ -562,12 +554,12 @@ class ColdstartRPCMixin:
         out["seconds_rpc"] = round(time.perf_counter() - t0, 6)
         return out
 
-    def _cs_prepack(self, threads: Any = None, touch=None, source=None, nice: int = 0) -> dict:
+    def _cs_prepack(self, threads: Any = None, touch=None, source=None) -> dict:
         """Build the handles from the weights now in place; ``source``: the index (FlatIndex) of the
         flat dump they came from (its identity is what a kept set of handles is checked against),
         None for any other."""
         self._cs_packed_from = None
-        n, secs, used, waited = prepack_linears(int(threads) if threads else None, touch=touch, nice=nice)
+        n, secs, used, waited = prepack_linears(int(threads) if threads else None, touch=touch)
         if source is not None and n:
             self._cs_packed_from = index_identity(source)
         out = {"prepacked_linears": n, "prepack_s": round(secs, 6), "prepack_threads": used}
