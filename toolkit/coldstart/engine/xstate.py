@@ -11,8 +11,8 @@ every process; for snapshots dumped without it, the checkpoint records the worke
 missing before its first forward pass.
 
 A fresh process needs asking too: vLLM's CPU attention kernel executes AMX instructions without
-asking, while oneDNN asks on its first AMX GEMM, so a one-token prompt (attention before any AMX
-GEMM) killed vLLM's engine with SIGILL on the Intel AMX host, stock worker included
+asking, while oneDNN asks on its first AMX GEMM, so a one-word prompt ("Hello": attention before
+any AMX GEMM) killed vLLM's engine with SIGILL on the Intel AMX host, stock worker included
 (experiments/prepack_short_prompt.py). Our worker asks at start (``ask_amx``).
 
 Linux only; every function returns quietly where the syscall does not exist (other architectures,
@@ -31,7 +31,8 @@ ARCH_REQ_XCOMP_PERM = 0x1023
 # features a process may hold without asking (x87, SSE, AVX, AVX-512 ...) are below this bit;
 # the dynamic, permission-gated ones (XTILECFG=17 is static, XTILEDATA=18 is dynamic) above it
 FIRST_DYNAMIC_FEATURE = 18
-XFEATURE_NAMES = {18: "XTILEDATA (AMX tiles)"}
+XFEATURE_XTILEDATA = 18
+XFEATURE_NAMES = {XFEATURE_XTILEDATA: "XTILEDATA (AMX tiles)"}
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
@@ -63,7 +64,7 @@ def ask_amx() -> bool:
     """Ask for the AMX tile data permission; False where the CPU or kernel has no AMX (nothing to ask)."""
     if not supported():
         return False
-    return _libc.syscall(SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, FIRST_DYNAMIC_FEATURE) == 0
+    return _libc.syscall(SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0
 
 
 def restore_xcomp_perm(recorded: int | None) -> list[int]:
