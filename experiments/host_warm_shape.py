@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 from coldstart.bench.containers import one_start, bench_case
@@ -99,6 +100,10 @@ VARIANTS = {
     # the restore alone, its read-ahead asking for the hot child too (CONTAINER_ENV:
     # COLDSTART_CRIU_READ_AHEAD=all), now that the hint reads all of it (fsutil.will_need)
     "none-aheadall": None,
+    # the hot layout's child read in file order only, by the host and by the entrypoint (CONTAINER_ENV
+    # and HOST_ENV: COLDSTART_WARM_HOT_FIRST=0), not the pages needed before the canary first
+    "started-2x2M-early-nohotfirst": {"after_start": True, "threads": 2, "chunk": 2 * MiB, "early": True},
+    "none-nohotfirst": None,
 }
 # what the restore container's environment gets besides, per variant
 CONTAINER_ENV = {"none-be": {"COLDSTART_WARM_IOPRIO": "be"}, "started-8x8M-early-be": {"COLDSTART_WARM_IOPRIO": "be"},
@@ -110,7 +115,11 @@ CONTAINER_ENV = {"none-be": {"COLDSTART_WARM_IOPRIO": "be"}, "started-8x8M-early
                  "started-2x2M-early-pread": {"COLDSTART_WARM_METHOD": "pread"},
                  "started-2x2M-early-noahead": {"COLDSTART_CRIU_READ_AHEAD": "0"},
                  "started-2x2M-early-both": {"COLDSTART_HOST_WARMS": "0"},
-                 "none-aheadall": {"COLDSTART_CRIU_READ_AHEAD": "all"}}
+                 "none-aheadall": {"COLDSTART_CRIU_READ_AHEAD": "all"},
+                 "started-2x2M-early-nohotfirst": {"COLDSTART_WARM_HOT_FIRST": "0"},
+                 "none-nohotfirst": {"COLDSTART_WARM_HOT_FIRST": "0"}}
+# what this process's environment (the host warmer's) gets besides, per variant
+HOST_ENV = {"started-2x2M-early-nohotfirst": {"COLDSTART_WARM_HOT_FIRST": "0"}}
 
 
 def main() -> None:
@@ -141,9 +150,18 @@ def main() -> None:
                 drop_caches()
                 shape = VARIANTS[v]
                 method = "restore" if shape is None else "restore+hostwarm"
-                row = {"size": a.size, "variant": v, "shape": shape, "rep": rep,
-                       **one_start(c, tag, method, model, snap, layers, host_warm=shape,
-                                   env=CONTAINER_ENV.get(v))}
+                saved = {k: os.environ.get(k) for k in HOST_ENV.get(v, {})}
+                os.environ.update(HOST_ENV.get(v, {}))
+                try:
+                    row = {"size": a.size, "variant": v, "shape": shape, "rep": rep,
+                           **one_start(c, tag, method, model, snap, layers, host_warm=shape,
+                                       env=CONTAINER_ENV.get(v))}
+                finally:
+                    for k, x in saved.items():
+                        if x is None:
+                            os.environ.pop(k, None)
+                        else:
+                            os.environ[k] = x
                 ev = row.get("events") or {}
                 print(json.dumps({"variant": v, "rep": rep, "first_token_s": row.get("first_token_s"),
                                   "started_s": row.get("started_s"), "entry_ready": ev.get("ENTRY_READY"),

@@ -119,6 +119,39 @@ def test_split_images_restore_identical_with_the_parent_mapped(dumped, tmp_path,
         r.kill()
 
 
+def test_child_ranges_name_where_the_child_stores_given_pages(dumped, tmp_path):
+    """The ranges a warmer reads first (criu.layout.child_ranges): for a set of pages, where the
+    split child's pages file holds them; pages the child does not hold are left out."""
+    d, _ = dumped
+    orig = d / "images"
+    images = _copy(orig, tmp_path / "images")
+    hot, some, want = {}, {}, {}
+    for ipid, pm_path in layout.task_pagemaps(orig).items():
+        pm = layout.read_pagemap(pm_path)
+        where, off = {}, 0
+        for r in pm.runs:
+            if r.present:
+                where.update({r.vaddr // 4096 + i: off + i * 4096 for i in range(r.nr_pages)})
+                off += r.nr_pages * 4096
+        hot[ipid] = {p for p in where if p % 3 == 0}
+        some[ipid] = {p for p in where if p % 7 == 0}  # a third of them in the child
+        with open(orig / f"pages-{pm.pages_id}.img", "rb") as f:
+            want[f"pages-{pm.pages_id}.img"] = b"".join(os.pread(f.fileno(), 4096, where[p])
+                                                       for p in sorted(some[ipid] & hot[ipid]))
+    layout.split(images, hot)
+    got = layout.child_ranges(images, some, gap=0)
+    assert set(got) == set(want)
+    for name, ranges in got.items():
+        assert ranges == sorted(ranges)
+        with open(images / name, "rb") as f:
+            assert b"".join(os.pread(f.fileno(), n, off) for off, n in ranges) == want[name]
+    # joined when closer than the gap: fewer ranges, the same pages among them
+    joined = layout.child_ranges(images, some)
+    for name, ranges in joined.items():
+        assert len(ranges) <= len(got[name])
+        assert all(any(a <= off and off + n <= a + m for a, m in ranges) for off, n in got[name])
+
+
 def test_recording_restore_finds_the_touched_pages(dumped, tmp_path, has_mmap, monkeypatch):
     if not has_mmap:
         pytest.skip("the patched criu has no --mmap-pages")

@@ -8,7 +8,8 @@ import pytest
 from coldstart.errors import ColdstartError
 from coldstart.pipeline.layout import make_hot
 from coldstart.pipeline.manifest import read_manifest
-from coldstart.pipeline.restore import RestoreOptions, restore
+from coldstart.pipeline.restore import RestoreOptions, restore, warm_paths
+from coldstart.warm.base import early_ranges, make_plan
 
 
 def test_the_default_checkpoint_is_hot_and_restores_with_the_parent_mapped(tiny_snapshot):
@@ -26,6 +27,40 @@ def test_the_default_checkpoint_is_hot_and_restores_with_the_parent_mapped(tiny_
         assert "/criu/parent/pages-" in maps  # the parent's pages: mapped, not read
     finally:
         res.stop()
+
+
+def test_the_pages_needed_before_the_canary_are_recorded_and_warmed_first(tiny_snapshot, monkeypatch):
+    """The recording also notes which of the child's pages the restore touched before its canary's
+    forward pass (manifest layout.early); every warmer's plan reads those before the rest."""
+    snap = tiny_snapshot.out
+    m = read_manifest(snap)
+    early = m.layout["early"]
+    assert early and 0 < m.layout["early_bytes"] <= m.layout["child_bytes"]
+    for name, ranges in early.items():
+        size = (snap / "criu" / name).stat().st_size
+        assert ranges == sorted(ranges) and all(0 <= off and off + n <= size for off, n in ranges)
+    hot = sorted((snap / "criu").glob("pages-*.img"))
+    first = early_ranges(hot)
+    assert sum(n for _, _, n in first) == m.layout["early_bytes"]
+
+    plan = make_plan(warm_paths(snap, m), chunk=1 << 20)
+    k = 0
+    for p, off, n in first:  # the plan opens with exactly these ranges (cut into chunks)
+        while n > 0:
+            r = plan.ranges[k]
+            assert (r.path, r.offset) == (p, off)
+            off, n, k = off + r.length, n - r.length, k + 1
+    # then each child file whole, once: every byte of it planned exactly once
+    for p in hot:
+        spans = sorted((r.offset, r.length) for r in plan.ranges if r.path == p)
+        pos = 0
+        for off, n in spans:
+            assert off == pos
+            pos += n
+        assert pos == p.stat().st_size
+    monkeypatch.setenv("COLDSTART_WARM_HOT_FIRST", "0")
+    assert early_ranges(hot) == []
+    assert make_plan(warm_paths(snap, m), chunk=1 << 20).ranges[0].offset == 0
 
 
 def test_a_hot_snapshot_is_not_split_again(snapshot_copy):

@@ -29,6 +29,7 @@ PARENT = "parent"  # CRIU's name for the parent images directory (CR_PARENT_LINK
 PAGE = 4096
 RECORD_ENV = "CRIU_MMAP_PAGES_RECORD"  # our patched CRIU's recording switch (patch 0009)
 _TASK_PAGEMAP = re.compile(r"pagemap-(\d+)\.img$")
+EARLY_GAP = 64 * 1024  # child_ranges: ranges closer than this are read as one (a read fault maps 64 KiB)
 
 
 @dataclass(frozen=True)
@@ -262,3 +263,33 @@ def split(images_dir: Path, hot: dict[int, set[int]]) -> SplitFacts:
     staged.rmdir()
     moved = sorted(n for _, pm_path, _, pages in todo for n in (pm_path.name, pages.name))
     return SplitFacts(child_bytes=child_bytes, parent_bytes=parent_bytes, moved=moved, parent_holes=holes)
+
+
+def child_ranges(images_dir: Path, pages: dict[int, set[int]], gap: int = EARLY_GAP) -> dict[str, list[list[int]]]:
+    """Where ``pages`` (page numbers by the process's PID in the images) lie in the split images'
+    child pages files: per file name, [offset, length] byte ranges in file order, those less than
+    ``gap`` apart joined. Pages the child does not hold are left out."""
+    out: dict[str, list[list[int]]] = {}
+    for ipid, path in task_pagemaps(images_dir).items():
+        want = pages.get(ipid)
+        if not want:
+            continue
+        pm = read_pagemap(path)
+        ranges: list[list[int]] = []
+        off = 0
+        for r in pm.runs:
+            if not r.present:
+                continue
+            first = r.vaddr // PAGE
+            for k in range(r.nr_pages):
+                if first + k not in want:
+                    continue
+                at = off + k * PAGE
+                if ranges and at - (ranges[-1][0] + ranges[-1][1]) < gap:
+                    ranges[-1][1] = at + PAGE - ranges[-1][0]
+                else:
+                    ranges.append([at, PAGE])
+            off += r.nr_pages * PAGE
+        if ranges:
+            out[f"pages-{pm.pages_id}.img"] = ranges
+    return out

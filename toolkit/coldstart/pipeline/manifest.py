@@ -87,7 +87,8 @@ class Manifest:
     # xxh3_128 of coldstart's own Python sources at checkpoint: the restored worker runs *that* code
     # (it is in the CRIU image), whatever coldstart is installed at restore time ("" = not recorded)
     coldstart_code: str = ""
-    # the images' hot layout (pipeline/layout.py): {"child_bytes", "parent_bytes", "recording_restore_s"};
+    # the images' hot layout (pipeline/layout.py): {"child_bytes", "parent_bytes", "recording_restore_s",
+    # "early": {child pages file: [[offset, length], ...] touched before the canary}, "early_bytes"};
     # empty: the images as CRIU dumped them
     layout: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)

@@ -80,6 +80,9 @@ class RestoreOptions:
     # a recording restore (pipeline/layout.py): CRIU without readahead on the images, every run mapped,
     # so the pages present at the first token are the pages the restore touched
     record_pages: bool = False
+    # called with the restored engine after its wake and reload, right before the canary's forward
+    # pass (a recording restore reads there which pages the restore needed before that pass)
+    before_canary: Callable[[object], None] | None = None
 
 
 @dataclass
@@ -286,6 +289,7 @@ READ_AHEAD_ENV = "COLDSTART_CRIU_READ_AHEAD"
 # weights file is not all in the page cache (sleep_worker._overlap_prepack)
 PREPACK_OVERLAP_ENV = "COLDSTART_PREPACK_OVERLAP"
 WARM_AFTER_CRIU_ENV = "COLDSTART_WARM_AFTER_CRIU"  # "1": the warmer's reads wait for CRIU's resume (to compare)
+HOT_FIRST_ENV = "COLDSTART_WARM_HOT_FIRST"  # warm.base's (not imported before CRIU runs: it loads numpy)
 
 
 class ReadAhead:
@@ -307,8 +311,10 @@ class ReadAhead:
     results/spot-checks/host-warm-shape/bench-aheadall.jsonl). Where the host warms instead, in its
     idle I/O class, they are asked for: 2.03 s against 2.36 without (bench-willneed-pieces.jsonl)."""
 
-    def __init__(self, images_dir: Path, remap: Callable[[Path], Path] | None = None, child: bool = True):
+    def __init__(self, images_dir: Path, remap: Callable[[Path], Path] | None = None, child: bool = True,
+                 early: dict | None = None):
         self.bytes = self.runs = self.heads = 0
+        self._early = early if os.environ.get(HOT_FIRST_ENV, "1") != "0" else None
         self.error: str | None = None
         self._child = child or os.environ.get(READ_AHEAD_ENV) == "all"
         self._t = threading.Thread(target=self._run, args=(images_dir, remap), name="coldstart-read-ahead",
@@ -335,7 +341,7 @@ class ReadAhead:
             return  # the hot layout's child: the warmer reads it (above)
         fds: dict[Path, int] = {}
         try:
-            for path, off, n in read_runs(images_dir):
+            for path, off, n in [*self._early_runs(images_dir), *read_runs(images_dir)]:
                 if path not in fds:
                     fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
                 will_need(fds[path], off, n)
@@ -346,6 +352,15 @@ class ReadAhead:
         finally:
             for fd in fds.values():
                 os.close(fd)
+
+    def _early_runs(self, images_dir: Path) -> list[tuple[Path, int, int]]:
+        """The child's ranges the restore touches before its canary's forward pass (the manifest's
+        ``layout.early``; warm.base.early_ranges), asked for before the rest of the child."""
+        if not isinstance(self._early, dict):
+            return []
+        return [(images_dir / name, r[0], r[1]) for name, rs in sorted(self._early.items())
+                if isinstance(rs, list) and (images_dir / name).is_file()
+                for r in rs if isinstance(r, list) and len(r) == 2]
 
     def result(self) -> dict:
         self._t.join(0)
@@ -517,7 +532,7 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say, r
         # the hot layout's child is left to this restore's own warmer, unless the host warms for it
         # (HOST_WARMS_ENV: the profile's ranges are then the host's)
         own_child = warms and os.environ.get(HOST_WARMS_ENV) != "1"
-        ahead = (ReadAhead(snap / "criu", child=not own_child)
+        ahead = (ReadAhead(snap / "criu", child=not own_child, early=m.layout.get("early"))
                  if mmap and os.environ.get(READ_AHEAD_ENV, "1") != "0" and not opts.record_pages else None)
         checks = _start_verify(snap, m, opts, tl)
         try:
@@ -535,6 +550,8 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say, r
             check_url, base_url, fwd, check_fwd = _connect(eng, m, st, opts, undo)
             client = _wait_server(eng, check_url, opts, tl, m, say, checks)
             checks.guard(_wake_and_reload, client, snap, m, opts, tl, warmer is not None)
+            if opts.before_canary is not None:
+                opts.before_canary(eng)
             text = _canary(client, m, tl, checks)
             if fwd is not None:  # checked: clients may come in now
                 check_fwd.close()

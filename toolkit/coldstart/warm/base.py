@@ -176,11 +176,21 @@ def make_plan(paths: list[Path] | list[str], *, chunk: int, profile: Path | None
     ranges: list[Range] = []
     covered: dict[Path, list[tuple[int, int]]] = {}
     # CRIU pages images beside a parent/ directory (coldstart's hot layout: criu/layout.py) hold the
-    # pages a restore touches, stored together for it: all of them are read first, whole
-    for p in names:
-        if _hot_pages(p) and files[p]:
-            ranges.extend(_split(p, 0, files[p], chunk))
-            covered[p] = [(0, files[p])]
+    # pages a restore touches, stored together for it: all of them are read first, whole; the ranges
+    # the restore touches before its canary's forward pass (early_ranges) before the rest of them
+    hot = [p for p in names if _hot_pages(p) and files[p]]
+    for p, off, n in early_ranges(hot):
+        ranges.extend(_split(p, off, n, chunk))
+        covered.setdefault(p, []).append((off, off + n))
+    for p in hot:
+        pos = 0
+        for a, b in _merge(covered.get(p, [])):
+            if a > pos:
+                ranges.extend(_split(p, pos, a - pos, chunk))
+            pos = max(pos, b)
+        if pos < files[p]:
+            ranges.extend(_split(p, pos, files[p] - pos, chunk))
+        covered[p] = [(0, files[p])]
     lead = len(ranges)
     profile_used = False
     if profile is not None:
@@ -215,6 +225,36 @@ def make_plan(paths: list[Path] | list[str], *, chunk: int, profile: Path | None
             ranges.extend(_split(p, pos, size - pos, chunk))
     return Plan(ranges=ranges, files=files, errors=errors, profile_used=profile_used, profile_end=profile_end,
                 mapped=[p for p in files if p in only])
+
+
+HOT_FIRST_ENV = "COLDSTART_WARM_HOT_FIRST"  # "0": read the hot layout's child pages in file order only
+
+
+def early_ranges(hot: list[Path]) -> list[tuple[Path, int, int]]:
+    """(file, offset, length) of the hot layout's child pages images ``hot`` that a restore touches
+    before its canary's forward pass, as the checkpoint recorded them (the snapshot's manifest,
+    ``layout.early``), in file order. With the bench model's packed GEMM handles kept, the child is
+    1.3 GB, and what CRIU and the wake need lies spread through it, between handles that only the
+    forward pass reads. Empty without a record (older snapshots) or with HOT_FIRST_ENV=0."""
+    if not hot or os.environ.get(HOT_FIRST_ENV, "1") == "0":
+        return []
+    import json
+
+    out: list[tuple[Path, int, int]] = []
+    seen: dict[Path, dict] = {}
+    for p in hot:
+        mf = p.parent.parent / "manifest.json"
+        if mf not in seen:
+            try:
+                seen[mf] = (json.loads(mf.read_text()).get("layout") or {}).get("early") or {}
+            except (OSError, ValueError, AttributeError):
+                seen[mf] = {}
+        size = p.stat().st_size
+        for r in seen[mf].get(p.name, []) if isinstance(seen[mf], dict) else ():
+            if isinstance(r, list) and len(r) == 2 and all(isinstance(x, int) for x in r) \
+                    and 0 <= r[0] < size and r[1] > 0:  # (a hint: anything else is skipped)
+                out.append((p, r[0], min(r[1], size - r[0])))
+    return out
 
 
 def _hot_pages(p: Path) -> bool:
