@@ -100,10 +100,18 @@ VARIANTS = {
     # the restore alone, its read-ahead asking for the hot child too (CONTAINER_ENV:
     # COLDSTART_CRIU_READ_AHEAD=all), now that the hint reads all of it (fsutil.will_need)
     "none-aheadall": None,
-    # the hot layout's child read in file order only, by the host and by the entrypoint (CONTAINER_ENV
-    # and HOST_ENV: COLDSTART_WARM_HOT_FIRST=0), not the pages needed before the canary first
+    # the hot layout's child read whole, first and in file order, by the host and by the entrypoint
+    # (CONTAINER_ENV and HOST_ENV: COLDSTART_WARM_HOT_FIRST=0), not the pages needed before the canary
+    # first: the order before cdb5661
     "started-2x2M-early-nohotfirst": {"after_start": True, "threads": 2, "chunk": 2 * MiB, "early": True},
     "none-nohotfirst": None,
+    # (hot-first/bench.jsonl, at cdb5661: the child's pages needed before the canary first, then the
+    # rest of the child, then the profile's ranges; bench-late.jsonl compared it with "-hotlate", at
+    # cdb5661 plus COLDSTART_WARM_HOT_FIRST=late: the profile's ranges before the rest of the child,
+    # and the entrypoint's read-ahead asking only for the pages needed before the canary. "late" is
+    # the default since, and the value is gone: these two now run the default.)
+    "started-2x2M-early-hotlate": {"after_start": True, "threads": 2, "chunk": 2 * MiB, "early": True},
+    "none-hotlate": None,
 }
 # what the restore container's environment gets besides, per variant
 CONTAINER_ENV = {"none-be": {"COLDSTART_WARM_IOPRIO": "be"}, "started-8x8M-early-be": {"COLDSTART_WARM_IOPRIO": "be"},
@@ -117,9 +125,12 @@ CONTAINER_ENV = {"none-be": {"COLDSTART_WARM_IOPRIO": "be"}, "started-8x8M-early
                  "started-2x2M-early-both": {"COLDSTART_HOST_WARMS": "0"},
                  "none-aheadall": {"COLDSTART_CRIU_READ_AHEAD": "all"},
                  "started-2x2M-early-nohotfirst": {"COLDSTART_WARM_HOT_FIRST": "0"},
-                 "none-nohotfirst": {"COLDSTART_WARM_HOT_FIRST": "0"}}
+                 "none-nohotfirst": {"COLDSTART_WARM_HOT_FIRST": "0"},
+                 "started-2x2M-early-hotlate": {"COLDSTART_WARM_HOT_FIRST": "late"},
+                 "none-hotlate": {"COLDSTART_WARM_HOT_FIRST": "late"}}
 # what this process's environment (the host warmer's) gets besides, per variant
-HOST_ENV = {"started-2x2M-early-nohotfirst": {"COLDSTART_WARM_HOT_FIRST": "0"}}
+HOST_ENV = {"started-2x2M-early-nohotfirst": {"COLDSTART_WARM_HOT_FIRST": "0"},
+            "started-2x2M-early-hotlate": {"COLDSTART_WARM_HOT_FIRST": "late"}}
 
 
 def main() -> None:

@@ -309,7 +309,10 @@ class ReadAhead:
     warmer reads them first, whole and in order (warm.base.make_plan): asking for them too gained
     nothing there (bench model in containers, cold: 3.00 s against 3.02, medians of 4,
     results/spot-checks/host-warm-shape/bench-aheadall.jsonl). Where the host warms instead, in its
-    idle I/O class, they are asked for: 2.03 s against 2.36 without (bench-willneed-pieces.jsonl)."""
+    idle I/O class, they are asked for: 2.03 s against 2.36 without (bench-willneed-pieces.jsonl);
+    only the ranges the restore touches before its canary where the checkpoint recorded them
+    (``early``: the manifest's ``layout.early``), the rest of the child being mostly packed GEMM
+    handles that only the canary reads (results/spot-checks/hot-first)."""
 
     def __init__(self, images_dir: Path, remap: Callable[[Path], Path] | None = None, child: bool = True,
                  early: dict | None = None):
@@ -339,9 +342,12 @@ class ReadAhead:
                 os.close(fd)
         if not self._child and (images_dir / "parent").is_dir():
             return  # the hot layout's child: the warmer reads it (above)
+        # with the pages needed before the canary known, only those: the rest of the child (the packed
+        # handles) asked for here would queue before the libraries and weights the wake needs sooner
+        runs = self._early_runs(images_dir) or read_runs(images_dir)
         fds: dict[Path, int] = {}
         try:
-            for path, off, n in [*self._early_runs(images_dir), *read_runs(images_dir)]:
+            for path, off, n in runs:
                 if path not in fds:
                     fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
                 will_need(fds[path], off, n)
