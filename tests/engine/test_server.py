@@ -191,9 +191,7 @@ def test_auto_reload_cold_and_cached(engine_server, canary, canary_prompt, flat_
     evict(data)
     cold = client.collective_rpc("coldstart_reload", kwargs={"path": str(flat_dump), "mode": "auto"})[0]
     client.wake_up(["kv_cache"])
-    import torch
-
-    if cold.get("prepacked_linears") and torch.cpu._is_avx512_bf16_supported():  # sleep_worker.handles_hold_copies
+    if client.collective_rpc("coldstart_state")[0]["handles_hold_copies"]:
         assert cold["mode"] == "map" and cold["prepack_overlapped"], cold
         assert cold["auto_choice"] == "auto: 0% of the weights file cached, served from packed handles -> map", cold
     else:

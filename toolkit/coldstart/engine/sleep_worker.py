@@ -615,7 +615,8 @@ class ColdstartRPCMixin:
                 "weights_bytes": self.coldstart_weights_bytes(),
                 "kv_bytes": sum(n for _, n in unique_storages(self._cs_kv_tensors())),
                 "arena": self._cs_arena.state() if self._cs_arena is not None else None,
-                "reload_mode": default_reload_mode(), "last": self._cs_last, "settle": self._cs_settled}
+                "reload_mode": default_reload_mode(), "handles_hold_copies": handles_hold_copies(),
+                "last": self._cs_last, "settle": self._cs_settled}
 
 
 class SleepCPUWorker(ColdstartRPCMixin, CPUWorker):
