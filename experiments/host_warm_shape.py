@@ -112,6 +112,11 @@ VARIANTS = {
     # the default since, and the value is gone: these two now run the default.)
     "started-2x2M-early-hotlate": {"after_start": True, "threads": 2, "chunk": 2 * MiB, "early": True},
     "none-hotlate": None,
+    # the rest of the child (the packed handles) read from its end (COLDSTART_WARM_HOT_FIRST=reverse):
+    # the handles are allocated top-down, the first layer's at the highest addresses, so the file's
+    # order is the reverse of the forward pass's
+    "started-2x2M-early-reverse": {"after_start": True, "threads": 2, "chunk": 2 * MiB, "early": True},
+    "none-reverse": None,
 }
 # what the restore container's environment gets besides, per variant
 CONTAINER_ENV = {"none-be": {"COLDSTART_WARM_IOPRIO": "be"}, "started-8x8M-early-be": {"COLDSTART_WARM_IOPRIO": "be"},
@@ -127,10 +132,13 @@ CONTAINER_ENV = {"none-be": {"COLDSTART_WARM_IOPRIO": "be"}, "started-8x8M-early
                  "started-2x2M-early-nohotfirst": {"COLDSTART_WARM_HOT_FIRST": "0"},
                  "none-nohotfirst": {"COLDSTART_WARM_HOT_FIRST": "0"},
                  "started-2x2M-early-hotlate": {"COLDSTART_WARM_HOT_FIRST": "late"},
-                 "none-hotlate": {"COLDSTART_WARM_HOT_FIRST": "late"}}
+                 "none-hotlate": {"COLDSTART_WARM_HOT_FIRST": "late"},
+                 "started-2x2M-early-reverse": {"COLDSTART_WARM_HOT_FIRST": "reverse"},
+                 "none-reverse": {"COLDSTART_WARM_HOT_FIRST": "reverse"}}
 # what this process's environment (the host warmer's) gets besides, per variant
 HOST_ENV = {"started-2x2M-early-nohotfirst": {"COLDSTART_WARM_HOT_FIRST": "0"},
-            "started-2x2M-early-hotlate": {"COLDSTART_WARM_HOT_FIRST": "late"}}
+            "started-2x2M-early-hotlate": {"COLDSTART_WARM_HOT_FIRST": "late"},
+            "started-2x2M-early-reverse": {"COLDSTART_WARM_HOT_FIRST": "reverse"}}
 
 
 def main() -> None:
