@@ -112,9 +112,10 @@ VARIANTS = {
     # the default since, and the value is gone: these two now run the default.)
     "started-2x2M-early-hotlate": {"after_start": True, "threads": 2, "chunk": 2 * MiB, "early": True},
     "none-hotlate": None,
-    # the rest of the child (the packed handles) read from its end (COLDSTART_WARM_HOT_FIRST=reverse):
-    # the handles are allocated top-down, the first layer's at the highest addresses, so the file's
-    # order is the reverse of the forward pass's
+    # the rest of the child (the packed handles) read from its end (COLDSTART_WARM_HOT_FIRST=reverse, at
+    # 4856f23 only; removed after: no gain, bench-reverse.jsonl): the handles are allocated top-down,
+    # the first layer's at the highest addresses, so the file's order is the reverse of the forward
+    # pass's
     "started-2x2M-early-reverse": {"after_start": True, "threads": 2, "chunk": 2 * MiB, "early": True},
     "none-reverse": None,
 }

@@ -198,8 +198,6 @@ def make_plan(paths: list[Path] | list[str], *, chunk: int, profile: Path | None
     # needed sooner (cold bench restore with host warming: 2.03 s against 2.84 with it before them,
     # results/spot-checks/hot-first)
     late = bool(early)
-    if late and os.environ.get(HOT_FIRST_ENV) == "reverse":  # (experiment: the rest of the child from its end)
-        hot_rest.reverse()
     if not late:
         ranges.extend(hot_rest)
     lead = len(ranges)
