@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 from pathlib import Path
+from unittest import mock
 
 from coldstart.bench.containers import one_start, bench_case
 from coldstart.bench.criu import drop_caches
@@ -170,18 +171,10 @@ def main() -> None:
                 drop_caches()
                 shape = VARIANTS[v]
                 method = "restore" if shape is None else "restore+hostwarm"
-                saved = {k: os.environ.get(k) for k in HOST_ENV.get(v, {})}
-                os.environ.update(HOST_ENV.get(v, {}))
-                try:
+                with mock.patch.dict(os.environ, HOST_ENV.get(v, {})):
                     row = {"size": a.size, "variant": v, "shape": shape, "rep": rep,
                            **one_start(c, tag, method, model, snap, layers, host_warm=shape,
                                        env=CONTAINER_ENV.get(v))}
-                finally:
-                    for k, x in saved.items():
-                        if x is None:
-                            os.environ.pop(k, None)
-                        else:
-                            os.environ[k] = x
                 ev = row.get("events") or {}
                 print(json.dumps({"variant": v, "rep": rep, "first_token_s": row.get("first_token_s"),
                                   "started_s": row.get("started_s"), "entry_ready": ev.get("ENTRY_READY"),

@@ -342,25 +342,16 @@ def _read_criu_first(images: Path, remap, cancelled=lambda: False) -> int:
                 n += len(f.read(_images.ELF_HEAD))
         except OSError:
             continue
-    fds: dict[Path, int] = {}
     try:
-        for path, off, length in _images.read_runs(images):
-            if cancelled():
-                break
-            if path not in fds:
-                fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            n += read_into_cache(fds[path], off, length)
+        runs = _images.read_runs(images)
     except OSError:
-        pass  # a hint: the restore reads them anyway
-    finally:
-        for fd in fds.values():
-            os.close(fd)
-    return n
+        return n  # a hint: the restore reads them anyway
+    return n + _read_ranges(runs, cancelled, exact=False)
 
 
-def _read_ranges(ranges: list[tuple[Path, int, int]], cancelled=lambda: False) -> int:
-    """Read (file, offset, length) ranges into the page cache in order, each exactly (no readahead
-    past it: the pages between them are not wanted yet); returns the bytes read."""
+def _read_ranges(ranges: list[tuple[Path, int, int]], cancelled=lambda: False, exact: bool = True) -> int:
+    """Read (file, offset, length) ranges into the page cache in order; returns the bytes read.
+    ``exact``: each range alone, no readahead past it (the pages between them are not wanted yet)."""
     n = 0
     fds: dict[Path, int] = {}
     pipe = None
@@ -370,9 +361,13 @@ def _read_ranges(ranges: list[tuple[Path, int, int]], cancelled=lambda: False) -
                 break
             if path not in fds:
                 fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-                os.posix_fadvise(fds[path], 0, 0, os.POSIX_FADV_RANDOM)
-            pipe = pipe or exact_pipe()
-            n += read_into_cache(fds[path], off, length, cancelled, pipe)
+                if exact:
+                    os.posix_fadvise(fds[path], 0, 0, os.POSIX_FADV_RANDOM)
+            if exact:
+                pipe = pipe or exact_pipe()
+                n += read_into_cache(fds[path], off, length, cancelled, pipe)
+            else:
+                n += read_into_cache(fds[path], off, length)
     except OSError:
         pass  # a hint: the restore reads them anyway
     finally:

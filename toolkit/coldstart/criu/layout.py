@@ -30,6 +30,7 @@ PAGE = 4096
 RECORD_ENV = "CRIU_MMAP_PAGES_RECORD"  # our patched CRIU's recording switch (patch 0009)
 _TASK_PAGEMAP = re.compile(r"pagemap-(\d+)\.img$")
 EARLY_GAP = 64 * 1024  # child_ranges: ranges closer than this are read as one (a read fault maps 64 KiB)
+HOT_FIRST_ENV = "COLDSTART_WARM_HOT_FIRST"  # "0": early_ranges names none (the child read whole and first, to compare)
 
 
 @dataclass(frozen=True)
@@ -292,4 +293,25 @@ def child_ranges(images_dir: Path, pages: dict[int, set[int]], gap: int = EARLY_
             off += r.nr_pages * PAGE
         if ranges:
             out[f"pages-{pm.pages_id}.img"] = ranges
+    return out
+
+
+def early_ranges(images_dir: Path, early: object) -> list[tuple[Path, int, int]]:
+    """(file, offset, length) in ``images_dir`` of the ranges ``early`` names (a manifest's
+    ``layout.early``, as child_ranges wrote it), in its order, each within its file. A hint for the
+    readers that take them first: anything malformed is skipped, and none is named without a record
+    or with HOT_FIRST_ENV=0."""
+    if not isinstance(early, dict) or os.environ.get(HOT_FIRST_ENV, "1") == "0":
+        return []
+    out: list[tuple[Path, int, int]] = []
+    for name, ranges in sorted(early.items()):
+        path = Path(images_dir) / str(name)
+        try:
+            size = path.stat().st_size
+        except OSError:
+            continue
+        for r in ranges if isinstance(ranges, list) else ():
+            if isinstance(r, list) and len(r) == 2 and all(isinstance(x, int) for x in r) \
+                    and 0 <= r[0] < size and r[1] > 0:
+                out.append((path, r[0], min(r[1], size - r[0])))
     return out

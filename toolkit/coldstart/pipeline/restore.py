@@ -289,7 +289,6 @@ READ_AHEAD_ENV = "COLDSTART_CRIU_READ_AHEAD"
 # weights file is not all in the page cache (sleep_worker._overlap_prepack)
 PREPACK_OVERLAP_ENV = "COLDSTART_PREPACK_OVERLAP"
 WARM_AFTER_CRIU_ENV = "COLDSTART_WARM_AFTER_CRIU"  # "1": the warmer's reads wait for CRIU's resume (to compare)
-HOT_FIRST_ENV = "COLDSTART_WARM_HOT_FIRST"  # warm.base's (not imported before CRIU runs: it loads numpy)
 
 
 class ReadAhead:
@@ -317,7 +316,7 @@ class ReadAhead:
     def __init__(self, images_dir: Path, remap: Callable[[Path], Path] | None = None, child: bool = True,
                  early: dict | None = None):
         self.bytes = self.runs = self.heads = 0
-        self._early = early if os.environ.get(HOT_FIRST_ENV, "1") != "0" else None
+        self._early = early
         self.error: str | None = None
         self._child = child or os.environ.get(READ_AHEAD_ENV) == "all"
         self._t = threading.Thread(target=self._run, args=(images_dir, remap), name="coldstart-read-ahead",
@@ -326,6 +325,7 @@ class ReadAhead:
 
     def _run(self, images_dir: Path, remap: Callable[[Path], Path] | None) -> None:
         from coldstart.criu.images import ELF_HEAD, elf_files, read_runs
+        from coldstart.criu.layout import early_ranges
 
         for name in elf_files(images_dir):
             path = remap(Path(name)) if remap is not None else Path(name)
@@ -344,10 +344,9 @@ class ReadAhead:
             return  # the hot layout's child: the warmer reads it (above)
         # with the pages needed before the canary known, only those: the rest of the child (the packed
         # handles) asked for here would queue before the libraries and weights the wake needs sooner
-        runs = self._early_runs(images_dir) or read_runs(images_dir)
         fds: dict[Path, int] = {}
         try:
-            for path, off, n in runs:
+            for path, off, n in early_ranges(images_dir, self._early) or read_runs(images_dir):
                 if path not in fds:
                     fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
                 will_need(fds[path], off, n)
@@ -358,15 +357,6 @@ class ReadAhead:
         finally:
             for fd in fds.values():
                 os.close(fd)
-
-    def _early_runs(self, images_dir: Path) -> list[tuple[Path, int, int]]:
-        """The child's ranges the restore touches before its canary's forward pass (the manifest's
-        ``layout.early``; warm.base.early_ranges), asked for before the rest of the child."""
-        if not isinstance(self._early, dict):
-            return []
-        return [(images_dir / name, r[0], r[1]) for name, rs in sorted(self._early.items())
-                if isinstance(rs, list) and (images_dir / name).is_file()
-                for r in rs if isinstance(r, list) and len(r) == 2]
 
     def result(self) -> dict:
         self._t.join(0)

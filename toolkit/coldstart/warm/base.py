@@ -185,20 +185,13 @@ def make_plan(paths: list[Path] | list[str], *, chunk: int, profile: Path | None
         covered.setdefault(p, []).append((off, off + n))
     hot_rest: list[Range] = []
     for p in hot:
-        pos = 0
-        for a, b in _merge(covered.get(p, [])):
-            if a > pos:
-                hot_rest.extend(_split(p, pos, a - pos, chunk))
-            pos = max(pos, b)
-        if pos < files[p]:
-            hot_rest.extend(_split(p, pos, files[p] - pos, chunk))
+        hot_rest.extend(_gaps(p, files[p], covered.get(p, []), chunk))
         covered[p] = [(0, files[p])]
     # the rest of the child after the profile's ranges: with the packed handles kept it is 1.2 GB that
     # only the canary's forward pass reads, and the libraries' and the weights' ranges before it are
     # needed sooner (cold bench restore with host warming: 2.03 s against 2.84 with it before them,
     # results/spot-checks/hot-first)
-    late = bool(early)
-    if not late:
+    if not early:
         ranges.extend(hot_rest)
     lead = len(ranges)
     profile_used = False
@@ -220,52 +213,48 @@ def make_plan(paths: list[Path] | list[str], *, chunk: int, profile: Path | None
             # before the restored server had faulted in most of its pages, and the recorder saw that
             # order; a restore needs them only at its wake, after those pages (sort is stable)
             ranges.sort(key=lambda r: r.path.suffix == ".flat")
-    if late:
+    if early:
         ranges.extend(hot_rest)
     profile_end = len(ranges)
     for p in names:
-        if p in only:
-            continue
-        size = files[p]
-        pos = 0
-        for a, b in sorted(_merge(covered.get(p, []))):
-            if a > pos:
-                ranges.extend(_split(p, pos, a - pos, chunk))
-            pos = max(pos, b)
-        if pos < size:
-            ranges.extend(_split(p, pos, size - pos, chunk))
+        if p not in only:
+            ranges.extend(_gaps(p, files[p], covered.get(p, []), chunk))
     return Plan(ranges=ranges, files=files, errors=errors, profile_used=profile_used, profile_end=profile_end,
                 mapped=[p for p in files if p in only])
-
-
-HOT_FIRST_ENV = "COLDSTART_WARM_HOT_FIRST"  # "0": the hot layout's child whole and first, in file order (to compare)
 
 
 def early_ranges(hot: list[Path]) -> list[tuple[Path, int, int]]:
     """(file, offset, length) of the hot layout's child pages images ``hot`` that a restore touches
     before its canary's forward pass, as the checkpoint recorded them (the snapshot's manifest,
-    ``layout.early``), in file order. With the bench model's packed GEMM handles kept, the child is
-    1.3 GB, and what CRIU and the wake need (~100 MB) lies spread through it, between handles that
-    only the forward pass reads. make_plan reads these first, the profile's ranges next, the rest of
-    the child after them. Empty without a record (older snapshots) or with HOT_FIRST_ENV=0."""
-    if not hot or os.environ.get(HOT_FIRST_ENV, "1") == "0":
-        return []
+    ``layout.early``; criu.layout.early_ranges reads it), in file order. With the bench model's
+    packed GEMM handles kept, the child is 1.3 GB, and what CRIU and the wake need (~100 MB) lies
+    spread through it, between handles that only the forward pass reads. make_plan reads these
+    first, the profile's ranges next, the rest of the child after them. Empty without a record
+    (older snapshots) or with criu.layout.HOT_FIRST_ENV=0."""
     import json
 
+    from coldstart.criu import layout
+
     out: list[tuple[Path, int, int]] = []
-    seen: dict[Path, dict] = {}
-    for p in hot:
-        mf = p.parent.parent / "manifest.json"
-        if mf not in seen:
-            try:
-                seen[mf] = (json.loads(mf.read_text()).get("layout") or {}).get("early") or {}
-            except (OSError, ValueError, AttributeError):
-                seen[mf] = {}
-        size = p.stat().st_size
-        for r in seen[mf].get(p.name, []) if isinstance(seen[mf], dict) else ():
-            if isinstance(r, list) and len(r) == 2 and all(isinstance(x, int) for x in r) \
-                    and 0 <= r[0] < size and r[1] > 0:  # (a hint: anything else is skipped)
-                out.append((p, r[0], min(r[1], size - r[0])))
+    for images in dict.fromkeys(p.parent for p in hot):
+        try:
+            early = (json.loads((images.parent / "manifest.json").read_text()).get("layout") or {}).get("early")
+        except (OSError, ValueError, AttributeError):
+            continue
+        out += [r for r in layout.early_ranges(images, early) if r[0] in hot]
+    return out
+
+
+def _gaps(p: Path, size: int, covered: list[tuple[int, int]], chunk: int) -> list[Range]:
+    """The ranges of ``p`` (``size`` bytes) that ``covered`` leaves out, in file order, in chunks."""
+    out: list[Range] = []
+    pos = 0
+    for a, b in _merge(covered):
+        if a > pos:
+            out.extend(_split(p, pos, a - pos, chunk))
+        pos = max(pos, b)
+    if pos < size:
+        out.extend(_split(p, pos, size - pos, chunk))
     return out
 
 
