@@ -201,3 +201,54 @@ def test_lazy_spans_are_neither_populated_nor_settled(tmp_path: Path):
         assert torch.equal(t, before[n]), n
     arena.release()
     assert not file_mapped(flat) and not arena.settled_partly and arena.lazy == []
+
+
+def test_a_weights_file_that_leaves_tensors_out(tmp_path: Path):
+    """omit_tensors: the left-out tensor's bytes become a hole, the index keeps its digests, and every
+    reader refuses it by name (the loader, a map that would populate it, verify) instead of reading
+    zeros; a map that skips it works and serves the rest; `weights verify` checks what is there."""
+    from coldstart.weights.format import ABSENT_NAME, omit_tensors
+    from coldstart.weights.loader import load_into, verify_flat
+
+    m = Tiny()
+    before = _snapshot(m)
+    arena = WeightArena.build(model_tensor_objects(m))
+    dump_tensors(model_tensors(m).items(), tmp_path / "flat")
+    flat = tmp_path / "flat" / "weights.flat"
+    index_text = (tmp_path / "flat" / "weights.index.json").read_text()
+    size, blocks = flat.stat().st_size, flat.stat().st_blocks
+    nbytes = omit_tensors(tmp_path / "flat", ["odd.weight"], "held elsewhere (test)")
+    assert nbytes == 24 * 24 * 4 and (tmp_path / "flat" / ABSENT_NAME).is_file()
+    assert flat.stat().st_size == size and flat.stat().st_blocks <= blocks
+    assert (tmp_path / "flat" / "weights.index.json").read_text() == index_text  # its identity unchanged
+    idx = read_index(tmp_path / "flat")
+    assert idx.absent == {"odd.weight"} and "held elsewhere" in idx.absent_why
+    e = idx.by_name()["odd.weight"]
+    with open(flat, "rb") as f:
+        f.seek(e.offset)
+        assert f.read(e.nbytes) == bytes(e.nbytes)
+
+    with pytest.raises(ColdstartError, match=r"loading it needs 1 tensors this dump left out \(odd.weight\): held elsewhere"):
+        load_into(tmp_path / "flat", model_tensors(Tiny()))
+    arena.release()
+    with pytest.raises(ColdstartError, match="mapping it needs 1 tensors"):
+        arena.map_file(idx, threads=2)
+    arena.release()
+    arena.map_file(idx, threads=2, verify=True, skip={"odd.weight"})
+    for n, t in model_tensors(m).items():
+        if n != "odd.weight":
+            assert torch.equal(t, before[n]), n
+    arena.release()
+    index, bad = verify_flat(tmp_path / "flat")
+    assert not bad and index.absent == {"odd.weight"}
+
+
+def test_unpack_weight_rebuilds_the_plain_weight_through_the_layer_gemm():
+    """unpack_weight runs the layer's own GEMM against the identity: bit for bit the weight (here
+    through F.linear; a packed handle is checked by the restore tests)."""
+    from coldstart.engine.sleep_worker import unpack_weight
+
+    torch.manual_seed(1)
+    lin = torch.nn.Linear(1100, 70, bias=False, dtype=torch.bfloat16)
+    lin.cpu_linear = lambda x, w, b: torch.nn.functional.linear(x, w, b)
+    assert torch.equal(unpack_weight(lin, block=512), lin.weight.detach())

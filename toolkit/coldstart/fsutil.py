@@ -1,7 +1,10 @@
 """File helpers shared by the stages: durable publishing of an artifact (staging dir → fsync → rename),
-the data extents of a sparse file, read-ahead hints the kernel does not cut short."""
+the data extents of a sparse file and punching holes in one, read-ahead hints the kernel does not cut short."""
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import errno
 import os
 import stat
 from pathlib import Path
@@ -116,3 +119,19 @@ def write_results(out_dir: Path, rows: list[dict], table: str, command: str) -> 
     write_atomic(out_dir / "raw.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
     write_atomic(out_dir / "table.md", table)
     write_atomic(out_dir / "COMMAND", command.rstrip("\n") + "\n")
+
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
+FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE = 0x01, 0x02
+
+
+def punch_hole(fd: int, off: int, n: int) -> bool:
+    """Free the blocks of [off, off+n) (the file reads zeros there, its size unchanged); False where
+    the filesystem cannot (the bytes then stay: only space is lost)."""
+    if _libc.fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, n) == 0:
+        return True
+    e = ctypes.get_errno()
+    if e in (errno.EOPNOTSUPP, errno.ENOSYS):
+        return False
+    raise OSError(e, f"fallocate(PUNCH_HOLE, {off}, {n}): {os.strerror(e)}")

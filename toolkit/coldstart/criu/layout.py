@@ -13,9 +13,6 @@ images, every run mapped), read at its first token from each restored process's 
 """
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import errno
 import os
 import re
 import struct
@@ -24,6 +21,7 @@ from pathlib import Path
 
 from coldstart.criu.images import PE_PARENT, PE_PRESENT, _entries_at, _ints, page_run_stored, pagemap_flags
 from coldstart.errors import ColdstartError
+from coldstart.fsutil import punch_hole
 
 PARENT = "parent"  # CRIU's name for the parent images directory (CR_PARENT_LINK)
 PAGE = 4096
@@ -191,22 +189,6 @@ def _split_runs(runs: list[Run], hot: set[int]) -> list[tuple[Run, int]]:
             i = j
         off += r.nr_pages * PAGE
     return out
-
-
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-_libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
-FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE = 0x01, 0x02
-
-
-def punch_hole(fd: int, off: int, n: int) -> bool:
-    """Free the blocks of [off, off+n) (the file reads zeros there, its size unchanged); False where
-    the filesystem cannot (the bytes then stay: only space is lost)."""
-    if _libc.fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, n) == 0:
-        return True
-    e = ctypes.get_errno()
-    if e in (errno.EOPNOTSUPP, errno.ENOSYS):
-        return False
-    raise OSError(e, f"fallocate(PUNCH_HOLE, {off}, {n}): {os.strerror(e)}")
 
 
 def split(images_dir: Path, hot: dict[int, set[int]]) -> SplitFacts:

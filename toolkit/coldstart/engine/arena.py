@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from coldstart.errors import ColdstartError
-from coldstart.weights.format import DEFAULT_ALIGNMENT, FlatIndex, align_up, dtype_name
+from coldstart.weights.format import DEFAULT_ALIGNMENT, FlatIndex, align_up, dtype_name, require_present
 
 PROT_READ, PROT_WRITE = 1, 2
 MAP_PRIVATE, MAP_FIXED, MAP_ANONYMOUS, MAP_NORESERVE = 0x02, 0x10, 0x20, 0x4000
@@ -204,6 +204,7 @@ class WeightArena:
         import torch
 
         self.check_index(index)
+        require_present(index, (s.name for s in self.spans if s.name not in skip), "mapping it")
         moved = self.intact()
         if moved:
             raise ColdstartError(f"the weight arena is no longer intact ({moved!r} was moved out of it)")
@@ -255,7 +256,7 @@ class WeightArena:
             self.wait_populated()
         t_pop = time.perf_counter()
         if verify:
-            self._verify(index, threads)
+            self._verify(index, threads, skip)
         t_ver = time.perf_counter()
         with torch.no_grad():
             for s in self.spans:
@@ -300,7 +301,7 @@ class WeightArena:
         except OSError:
             pass
 
-    def _verify(self, index: FlatIndex, threads: int) -> None:
+    def _verify(self, index: FlatIndex, threads: int, skip=frozenset()) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
         from coldstart.weights.format import hasher
@@ -308,6 +309,8 @@ class WeightArena:
         digest = hasher(index.digest_algo)
         jobs = []
         for e in index.tensors:
+            if e.name in skip:  # neither populated nor read (map_file's ``skip``)
+                continue
             for i, want in enumerate(e.chunk_digests):
                 start = i * index.chunk_bytes
                 n = min(index.chunk_bytes, e.nbytes - start)

@@ -293,6 +293,31 @@ def unpack_linears() -> int:
     return n
 
 
+@torch.inference_mode()
+def holds_own_copy(layer: torch.nn.Module) -> bool:
+    """With the layer's plain weight released (zeros), whether its handle still computes from a
+    copy of its own: oneDNN may keep a shape's plain layout and read the weight where it lies, and
+    then the weights file must keep it. (A weight of all zeros also answers False: keeping it costs
+    only its bytes.)"""
+    k = layer.weight.shape[1]
+    return bool(layer.cpu_linear(torch.ones((1, k), dtype=layer.weight.dtype), layer.weight, None).any())
+
+
+@torch.inference_mode()
+def unpack_weight(layer: torch.nn.Module, block: int = 512) -> torch.Tensor:
+    """A packed layer's plain weight, rebuilt from its handle: a GEMM against the identity, I @ W^T,
+    each output one weight times 1.0 plus zeros, so exact (results/spot-checks/unpack-handles: 49 of
+    49 bench-model layers bit for bit; 4.6 s per 1.13 GiB on 2 cores)."""
+    n, k = layer.weight.shape
+    dt = layer.weight.dtype
+    out = torch.empty((k, n), dtype=dt)
+    for i in range(0, k, block):
+        rows = torch.zeros((min(block, k - i), k), dtype=dt)
+        rows[:, i:i + rows.shape[0]].fill_diagonal_(1)
+        out[i:i + rows.shape[0]] = layer.cpu_linear(rows, layer.weight, None)
+    return out.t().contiguous()
+
+
 def keep_plain_linear_weights() -> None:
     """Route vLLM's CPU linear layers through F.linear on their own weight (see module docstring)."""
     global _ORIG_DISPATCH
@@ -325,6 +350,9 @@ class ColdstartRPCMixin:
         self._cs_packed_from: str | None = None
         self._cs_keep_next = False
         self._cs_kept: str | None = None
+        # the weights file the arena maps leaves these out: the packed handles hold their only copy
+        # (a snapshot checkpointed with --slim-weights); every sleep(2) then keeps the handles
+        self._cs_absent: frozenset[str] = frozenset()
 
     def coldstart_keep_packed(self, keep: Any = True) -> dict:
         """Whether the next sleep(2) keeps the linear layers' packed handles (the checkpoint asks
@@ -336,6 +364,33 @@ class ColdstartRPCMixin:
         self._cs_keep_next = bool(decode_arg(keep))
         return {"keep_next_sleep": self._cs_keep_next, "packed_from": self._cs_packed_from,
                 "packed_linears": len(packed_linears())}
+
+    def _cs_handle_weights(self) -> dict[str, torch.nn.Module]:
+        """The weight arena's spans whose only reader is a packed handle, each with its layer: what
+        a weights file may leave out while those handles live. Only linear layers and the LM head
+        compute through their handle alone: an embedding gets one too (vLLM's embedding method
+        dispatches like a linear layer) but looks its rows up in the weight; and a weight another
+        module also reads (an embedding tied to the LM head) is not one of them either."""
+        from vllm.model_executor.layers.linear import LinearBase
+        from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+        arena = self._cs_arena
+        if arena is None:
+            return {}
+        at = {arena.addr + s.offset: s.name for s in arena.spans if s.inplace}
+        layers = [layer for layer in packed_linears() if isinstance(layer, (LinearBase, ParallelLMHead))]
+        packed = {id(layer) for layer in layers}
+        read = set()  # storages something other than a handle reads
+        for mod in self._cs_model().modules():
+            for pname, t in list(mod._parameters.items()) + list(mod._buffers.items()):
+                if t is not None and not (id(mod) in packed and pname == "weight"):
+                    read.add(t.data_ptr())
+        out = {}
+        for layer in layers:
+            ptr = layer.weight.data_ptr()
+            if ptr in at and ptr not in read:
+                out[at[ptr]] = layer
+        return out
 
     def coldstart_settle(self) -> dict:
         """Start copying mapped weights into anonymous memory in the background (``WeightArena.settle``)
@@ -518,8 +573,8 @@ class ColdstartRPCMixin:
         at = {arena.addr + s.offset: s.name for s in arena.spans if s.inplace}
         layers = packed_linears()
         names = {at.get(layer.weight.data_ptr()) for layer in layers}
-        if not layers or None in names:
-            return None
+        if not layers or None in names or not index.absent <= names:
+            return None  # (the usual path then refuses a file that leaves out weights no handle holds)
         try:
             out = arena.map_file(index, threads=populate_threads, skip=names)
         except ColdstartError as e:
@@ -528,7 +583,10 @@ class ColdstartRPCMixin:
             log.warning("coldstart reload: mapping for the kept packed handles refused (%s): repacking", e)
             return None
         self._cs_packed_from = kept
+        self._cs_absent = index.absent
         self._cs_saved_buffers = {}
+        if index.absent:
+            out["handles_only"] = len(index.absent)
         out.update({"prepacked_linears": 0, "prepack_s": 0.0, "prepack_threads": 0, "packed_kept": len(layers),
                     "seconds_rpc": round(time.perf_counter() - t0, 6), "flat": str(flat)})
         return out
@@ -559,6 +617,7 @@ class ColdstartRPCMixin:
         flat dump they came from (its identity is what a kept set of handles is checked against),
         None for any other."""
         self._cs_packed_from = None
+        self._cs_absent = frozenset()  # packed from weights in place: every one of them is there
         n, secs, used, waited = prepack_linears(int(threads) if threads else None, touch=touch)
         if source is not None and n:
             self._cs_packed_from = index_identity(source)
@@ -579,13 +638,21 @@ class ColdstartRPCMixin:
         if arena is not None:  # the arena's order, so the file is a byte image of the arena
             tensors = {s.name: tensors[s.name] for s in arena.spans}
         t0 = time.perf_counter()
+        rebuilt = 0
+        if self._cs_absent:  # their mapped bytes are the file's holes: rebuilt from the handles
+            held = self._cs_handle_weights()
+            for name in sorted(self._cs_absent):
+                if name not in held:
+                    raise RuntimeError(f"cannot dump {name}: the weights file leaves it out and no packed handle holds it")
+                tensors[name] = unpack_weight(held[name])
+                rebuilt += 1
         index = dump_tensors(tensors.items(), Path(decode_arg(out_dir)), alignment=arena.alignment if arena else 4096)
         if arena is not None:
             arena.check_index(index)  # a bug if it fails: the layouts are computed the same way
         if packed_linears():  # built from the weights just written (any change of them repacks)
             self._cs_packed_from = index_identity(index)
         return {"tensors": len(tensors), "bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
-                "seconds": round(time.perf_counter() - t0, 6), "index": _as_dict(index, shallow=True)}
+                "seconds": round(time.perf_counter() - t0, 6), "rebuilt_from_handles": rebuilt, "index": _as_dict(index, shallow=True)}
 
     def coldstart_xstate(self, restore: Any = None) -> dict:
         """This worker's x86 xstate permissions (AMX); with ``restore`` (the mask recorded before a
@@ -616,6 +683,7 @@ class ColdstartRPCMixin:
                 "kv_bytes": sum(n for _, n in unique_storages(self._cs_kv_tensors())),
                 "arena": self._cs_arena.state() if self._cs_arena is not None else None,
                 "reload_mode": default_reload_mode(), "handles_hold_copies": handles_hold_copies(),
+                "handles_only": len(self._cs_absent),
                 "last": self._cs_last, "settle": self._cs_settled}
 
 
@@ -654,14 +722,20 @@ class SleepCPUWorker(ColdstartRPCMixin, CPUWorker):
         self._cs_sleeping.add("kv_cache")
         w_total = w_rel = 0
         unpacked = kept = 0
+        kept_weights: list[str] = []
         if level >= 2:
             keep, self._cs_keep_next = self._cs_keep_next, False
+            if self._cs_absent and not keep:
+                keep = True
+                log.info("coldstart sleep(2): packed handles kept: they hold the only copy of %d weights "
+                         "(the weights file leaves them out)", len(self._cs_absent))
             why_not = ("" if not keep else "no weight arena" if self._cs_arena is None else
                        "the handles were not built by a reload from a flat dump with digests"
                        if self._cs_packed_from is None else "")
             if keep and not why_not:
                 kept = len(packed_linears())  # they stay, and stand for the dump they were built from
                 self._cs_kept = self._cs_packed_from
+                held = self._cs_handle_weights()
                 trim_heap()  # free heap pages (the load's copies of the weights) out of the image
             else:
                 if why_not:
@@ -681,9 +755,11 @@ class SleepCPUWorker(ColdstartRPCMixin, CPUWorker):
             w_total += t2
             w_rel += r2
             self._cs_sleeping.add("weights")
+            if kept:  # released, the plain weights read zeros: a handle still answering has its own copy
+                kept_weights = sorted(n for n, layer in held.items() if holds_own_copy(layer))
         self._cs_last = {"op": "sleep", "level": level, "kv_bytes": kv_total, "kv_released": kv_rel,
                          "weights_bytes": w_total, "weights_released": w_rel, "unpacked_linears": unpacked,
-                         "kept_linears": kept,
+                         "kept_linears": kept, "kept_weights": kept_weights,
                          "rss_before": rss0, "rss_after": rss_bytes(),
                          "seconds": round(time.perf_counter() - t0, 6)}
         log.info("coldstart sleep(%d): %s", level, self._cs_last)

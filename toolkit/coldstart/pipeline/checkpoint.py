@@ -64,6 +64,10 @@ class CheckpointOptions:
     # the weights' size). None: on where the CPU sleep worker's rehearsal reload took KEEP_PACKED_MIN_S
     # or more to pack them (a real reorder on AVX-512 hosts; almost nothing on AVX2 ones)
     keep_packed: bool | None = None  # True: fail the checkpoint when none could be kept
+    # with kept handles: the weights file leaves out the weights only they read (holes; the index
+    # keeps their digests; weights.format.omit_tensors), so the snapshot holds those once, packed.
+    # The restored server keeps its handles through every sleep(2) and rebuilds them for a dump.
+    slim_weights: bool = True
 
 
 # Packing the linear layers after a reload costs a restore at least this much: then (by default) the
@@ -229,6 +233,10 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
                                      "(its log says why)")
             if kept:  # the manifest says so: a host warmer then leaves the linear weights alone
                 weights["kept_linears"] = kept
+                if opts.slim_weights:
+                    weights.update(_slim_weights(client, staging, weights))
+                    say(f"weights file: {weights['omitted']} weights left out "
+                        f"({weights['omitted_bytes'] / 2**20:.1f} MiB), held only by the packed handles in the image")
             tl.mark(EventName.ASLEEP, level=2, **({"kept_linears": kept} if keep else {}),
                     **({"pack_s": weights["pack_s"]} if "pack_s" in weights else {}))
         # the worker's AMX permission: stock CRIU does not restore it, so the restore can ask again
@@ -392,6 +400,21 @@ def _keep_packed(client, keep: bool) -> None:
     RPC, e.g. the GPU one, is only asked when ``keep``)."""
     if keep:
         client.collective_rpc("coldstart_keep_packed", kwargs={"keep": True})
+
+
+def _slim_weights(client, staging: Path, weights: dict) -> dict:
+    """Leave out of the dumped weights file what only the kept packed handles read; the manifest's
+    record of it."""
+    from coldstart.weights.format import ABSENT_NAME, omit_tensors
+
+    st = (client.collective_rpc("coldstart_state") or [{}])[0]
+    names = (st.get("last") or {}).get("kept_weights") or []
+    if not names:
+        return {}
+    n = omit_tensors(staging / weights["dir"], names,
+                     "held only by the packed GEMM handles in the snapshot's CRIU image (checkpoint --slim-weights)")
+    return {"omitted": len(names), "omitted_bytes": n,
+            "index": weights["index"] + [str(Path(weights["dir"]) / ABSENT_NAME)]}
 
 
 def _kept_linears(client) -> int:

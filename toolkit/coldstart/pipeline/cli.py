@@ -42,6 +42,12 @@ def checkpoint_cmd(
                                      "AVX-512 host: first token 1.6 -> 0.8 s warm, host restore; on an AVX2 host "
                                      "packing takes 0.03 s); the image grows by the packed copy (about the "
                                      "weights' size; docs/engine.md). No effect on GPU."),
+    slim_weights: bool = typer.Option(True, "--slim-weights/--full-weights",
+                                      help="With the packed handles kept: leave the weights only they read out of "
+                                      "the weights file (holes; the index keeps their digests), so the snapshot "
+                                      "holds them once (bench model: ~1 GiB less on disk and in a registry). The "
+                                      "restored server then keeps its handles through every sleep(2), and a dump "
+                                      "of its weights rebuilds them exactly from the handles."),
     timeline_out: Optional[Path] = typer.Option(None, help="Append the timing events (jsonl) here."),
 ) -> None:
     """Snapshot a warmed-up vLLM server of MODEL; extra args after `--` go to vLLM."""
@@ -53,7 +59,8 @@ def checkpoint_cmd(
     opts = CheckpointOptions(model=model, out=out, port=port, engine_args=list(ctx.args), canary_prompt=canary,
                              kv_cache_bytes=kv_cache_bytes, criu_variant=criu_variant,
                              sleep=False if no_sleep else None, canary_kind=canary_kind, reload_mode=reload_mode,
-                             server_caps=server_caps, layout=layout, keep_packed=keep_packed)
+                             server_caps=server_caps, layout=layout, keep_packed=keep_packed,
+                             slim_weights=slim_weights)
     m, tl = checkpoint(opts, say=_say)
     Console(stderr=True).print(tl.table())
     if timeline_out:

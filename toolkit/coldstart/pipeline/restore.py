@@ -909,7 +909,7 @@ def _wake_and_reload(client, snap: Path, m: Manifest, opts: RestoreOptions, tl: 
             mode=r0.get("mode", "stock"),
             **{k: r0[k] for k in ("auto_choice", "map_refused", "o_direct", "prepack_s", "prepacked_linears",
                                   "populate_s", "prepack_overlapped", "prepack_waited_s", "resident_at_start",
-                                  "packed_kept", "populated_bytes")
+                                  "packed_kept", "handles_only", "populated_bytes")
                if r0.get(k) or (k == "resident_at_start" and r0.get(k) is not None)})
     client.wake_up(["kv_cache"])
     tl.mark(EventName.WAKE_KV)

@@ -117,7 +117,10 @@ def verify_command(
     if bad:
         more = f" (and {len(bad) - 1} more corrupt tensors)" if len(bad) > 1 else ""
         raise ColdstartError(f"{bad[0]}{more}")
-    typer.echo(f"ok: {len(index.tensors)} tensors, {index.total_bytes / 2**30:.3f} GiB, {index.digest_algo} digests match")
+    left = f"; {len(index.absent)} left out ({index.absent_why})" if index.absent else ""
+    typer.echo(f"ok: {len(index.tensors) - len(index.absent)} tensors, "
+               f"{sum(e.nbytes for e in index.tensors if e.name not in index.absent) / 2**30:.3f} GiB, "
+               f"{index.digest_algo} digests match{left}")
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:

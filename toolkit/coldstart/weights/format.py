@@ -8,6 +8,11 @@ first byte, the last one may be short), so a loader can verify while it streams.
 
 The index is written last and the directory is published by an atomic rename, so a directory that
 has an index is a finished dump.
+
+A dump may leave tensors out (``omit_tensors``): their bytes become a hole, the index keeps their
+digests, and ``weights.absent.json`` names them and says where their only copy is (the packed GEMM
+handles a snapshot's CRIU image holds). Every reader of tensor bytes refuses them (``require_present``)
+rather than read zeros; a dump of the serving process rebuilds them exactly.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from coldstart.fsutil import fsync_dir  # noqa: F401  (re-exported: weights.dump
 FORMAT_VERSION = 1
 DATA_NAME = "weights.flat"
 INDEX_NAME = "weights.index.json"
+ABSENT_NAME = "weights.absent.json"
 DEFAULT_ALIGNMENT = 4096
 DEFAULT_CHUNK_BYTES = 16 << 20  # digest granularity; the loader reads multiples of it when verifying
 DIGEST_ALGOS = ("xxh3_64", "blake3")
@@ -56,6 +62,9 @@ class FlatIndex:
     data_file: str  # on disk: the data file's name; after read_index: its absolute path
     data_size: int
     tensors: list[TensorEntry]
+    # tensors whose bytes are not in the data file (weights.absent.json; not part of the index)
+    absent: frozenset[str] = frozenset()
+    absent_why: str = ""
 
     def by_name(self) -> dict[str, TensorEntry]:
         return {t.name: t for t in self.tensors}
@@ -66,6 +75,7 @@ class FlatIndex:
 
     def to_json(self) -> str:
         d = asdict(self)
+        del d["absent"], d["absent_why"]
         d["data_file"] = Path(self.data_file).name
         d["format"] = "coldstart-flat"
         return json.dumps(d, separators=(",", ":")) + "\n"
@@ -126,7 +136,61 @@ def read_index(path: Path | str) -> FlatIndex:
     if size != index.data_size:
         raise ColdstartError(f"{data}: size {size} does not match the index ({index.data_size} bytes)")
     index.data_file = str(data.resolve())
+    index.absent, index.absent_why = _read_absent(d / ABSENT_NAME, index)
     return index
+
+
+def _read_absent(path: Path, index: FlatIndex) -> tuple[frozenset[str], str]:
+    if not path.exists():
+        return frozenset(), ""
+    try:
+        raw = json.loads(path.read_text())
+        names = frozenset(str(n) for n in raw["tensors"])
+        why = str(raw.get("why", ""))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ColdstartError(f"{path}: corrupt list of absent tensors ({e.__class__.__name__}: {e})") from None
+    unknown = names - index.by_name().keys()
+    if unknown:
+        raise ColdstartError(f"{path}: names tensors the index does not have: {sorted(unknown)[:3]}")
+    return names, why
+
+
+def require_present(index: FlatIndex, names, doing: str) -> None:
+    """Raise, naming them, if any of ``names`` is left out of the data file (``omit_tensors``):
+    its bytes there are zeros."""
+    missing = sorted(index.absent.intersection(names))
+    if missing:
+        raise ColdstartError(
+            f"{Path(index.data_file).name}: {doing} needs {len(missing)} tensors this dump left out "
+            f"({', '.join(missing[:2])}{', ...' if len(missing) > 2 else ''}): {index.absent_why or 'absent'}")
+
+
+def omit_tensors(path: Path | str, names, why: str) -> int:
+    """Leave ``names`` out of a finished dump: their bytes become holes (zeros written where the
+    filesystem cannot punch), the index keeps their digests, and ``weights.absent.json`` lists them
+    with ``why`` (written atomically, last). Returns the bytes left out."""
+    from coldstart.fsutil import punch_hole, write_atomic
+
+    index = read_index(path)
+    by = index.by_name()
+    unknown = set(names) - by.keys()
+    if unknown:
+        raise ColdstartError(f"cannot leave out tensors the dump does not have: {sorted(unknown)[:3]}")
+    names = sorted(set(names) | index.absent)
+    fd = os.open(index.data_file, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        for n in names:
+            e = by[n]
+            if not punch_hole(fd, e.offset, e.nbytes):
+                zeros = bytes(1 << 20)
+                for k in range(0, e.nbytes, len(zeros)):
+                    os.pwrite(fd, zeros[:min(len(zeros), e.nbytes - k)], e.offset + k)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    write_atomic(Path(index.data_file).parent / ABSENT_NAME,
+                 json.dumps({"format": "coldstart-flat-absent", "tensors": names, "why": why}, indent=1) + "\n")
+    return sum(by[n].nbytes for n in names)
 
 
 def _validate(index: FlatIndex, where: Path) -> None:

@@ -38,7 +38,8 @@ from typing import Any, Callable, Mapping
 from coldstart.cpulist import format_cpus, widen_thread
 from coldstart.errors import ColdstartError
 from coldstart.fsutil import will_need
-from coldstart.weights.format import FlatIndex, TensorEntry, align_up, hasher, read_index, torch_dtype
+from coldstart.weights.format import (FlatIndex, TensorEntry, align_up, hasher, read_index, require_present,
+                                     torch_dtype)
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
 DIRECT_IO_ALIGN = 4096
@@ -162,6 +163,7 @@ def check_dest(index: FlatIndex, dest: Mapping[str, Any], strict: bool) -> list[
         pairs.append((e, t))
     if not pairs and index.tensors:
         raise ColdstartError("no tensor of the dump is in the destination")
+    require_present(index, (e.name for e, _ in pairs), "loading it")
     return pairs
 
 
@@ -1010,15 +1012,16 @@ def alloc_like_index(index: FlatIndex | Path | str, device: str = "cpu") -> dict
 
 
 def verify_flat(flat: Path | str, *, threads: int = 4, progress: Progress | None = None) -> tuple[FlatIndex, list[str]]:
-    """Check every chunk digest of a dump; returns (index, problems) — one line per bad tensor."""
+    """Check every chunk digest of a dump; returns (index, problems) — one line per bad tensor. The
+    tensors it leaves out (``index.absent``) have no bytes to check."""
     import numpy as np
     from concurrent.futures import ThreadPoolExecutor
 
     index = read_index(flat)
     digest = hasher(index.digest_algo)
     cb = index.chunk_bytes
-    work = [(e, k) for e in index.tensors for k in range(len(e.chunk_digests))]
-    total = index.total_bytes
+    work = [(e, k) for e in index.tensors if e.name not in index.absent for k in range(len(e.chunk_digests))]
+    total = sum(e.nbytes for e in index.tensors if e.name not in index.absent)
     done = [0]
     lock = threading.Lock()
     fd = os.open(index.data_file, os.O_RDONLY)
