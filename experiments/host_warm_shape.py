@@ -119,6 +119,10 @@ VARIANTS = {
     # pass's
     "started-2x2M-early-reverse": {"after_start": True, "threads": 2, "chunk": 2 * MiB, "early": True},
     "none-reverse": None,
+    # the early files read by one reader, one after another (before EARLY_THREADS: the default above
+    # now reads them with 4)
+    "started-2x2M-early-serial": {"after_start": True, "threads": 2, "chunk": 2 * MiB, "early": True,
+                                  "early_threads": 1},
 }
 # what the restore container's environment gets besides, per variant
 CONTAINER_ENV = {"none-be": {"COLDSTART_WARM_IOPRIO": "be"}, "started-8x8M-early-be": {"COLDSTART_WARM_IOPRIO": "be"},

@@ -58,6 +58,15 @@ def test_the_pages_needed_before_the_canary_are_recorded_and_warmed_first(tiny_s
             assert off == pos
             pos += n
         assert pos == p.stat().st_size
+    # pushed to a registry, the artifact's chunks open with them too (what a lazy mount prefetches first)
+    from coldstart.registry.artifact import CHUNK, build_index
+
+    ix = build_index(snap, compress="none")
+    want = list(dict.fromkeys((str(p.relative_to(snap)), k) for p, off, n in first
+                              for k in range(off // CHUNK, (off + n - 1) // CHUNK + 1)))
+    files = {e.path: e for e in ix.entries}
+    pages = sorted(i for e in ix.entries if e.path.startswith("criu/pages-") for i in e.chunks)
+    assert pages[:len(want)] == [files[p].chunks[k] for p, k in want]
     monkeypatch.setenv("COLDSTART_WARM_HOT_FIRST", "0")
     assert early_ranges(hot) == []
     assert make_plan(warm_paths(snap, m), chunk=1 << 20).ranges[0].offset == 0
