@@ -119,10 +119,10 @@ VARIANTS = {
     # pass's
     "started-2x2M-early-reverse": {"after_start": True, "threads": 2, "chunk": 2 * MiB, "early": True},
     "none-reverse": None,
-    # the early files read by one reader, one after another (before EARLY_THREADS: the default above
-    # now reads them with 4)
-    "started-2x2M-early-serial": {"after_start": True, "threads": 2, "chunk": 2 * MiB, "early": True,
-                                  "early_threads": 1},
+    # (early-threads/bench.jsonl, at c09967c only: the early files read by 4 readers, the default
+    # then, against one, "-serial" with HostWarm's early_threads=1; removed after: no gain, 1.48 s
+    # against 1.52, and read alone on an idle host 845 files took 0.13-0.16 s with 1, 4 or 8 readers)
+    "started-2x2M-early-serial": {"after_start": True, "threads": 2, "chunk": 2 * MiB, "early": True},
 }
 # what the restore container's environment gets besides, per variant
 CONTAINER_ENV = {"none-be": {"COLDSTART_WARM_IOPRIO": "be"}, "started-8x8M-early-be": {"COLDSTART_WARM_IOPRIO": "be"},

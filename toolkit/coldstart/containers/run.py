@@ -142,10 +142,6 @@ def start_restore(c, image: str, snapshot: Path, model: Path, host_port: int, **
 
 
 HOST_SHAPE = (2, 2 << 20)  # the host's bulk readers x chunk (HostWarm)
-# readers of the early files (HostWarm's ``early``), each taking the next file in order: ~850 files of
-# ~220 MB through the image's layers, most of them small, where one reader waited on each in turn
-# (0.55 s, while the entrypoint's imports and CRIU waited on them: results/spot-checks/early-threads)
-EARLY_THREADS = 4
 
 
 class HostWarm:
@@ -161,8 +157,8 @@ class HostWarm:
     create call delayed the entrypoint's own start (its first restore call came 1.4 s later) and
     was slower to the first token (results/spot-checks/host-warm-shape).
 
-    ``early``: from the create call, ``early_threads`` readers take first, whole and in order (each
-    the next file), what the entrypoint reads one small read at a time before CRIU runs (early_files: the entrypoint's own
+    ``early``: from the create call, one reader takes first, whole, the few tens of MB that the
+    entrypoint reads one small read at a time before CRIU runs (early_files: the entrypoint's own
     Python files, the snapshot's manifest and CRIU metadata, the restore's helper programs and their
     libraries); the bulk reads wait for it too. Behind the bulk reads' queue those small reads took
     about a second of a cold restore. ``early_criu``: the early reader then reads what CRIU reads
@@ -187,8 +183,7 @@ class HostWarm:
     def __init__(self, snapshot: Path, layers: list[Path] | None = None, *, after_start: bool = True,
                  threads: int | None = HOST_SHAPE[0], chunk: int | None = HOST_SHAPE[1], method: str | None = None,
                  io_class: str | None = None, criu_runs: bool = False,
-                 early: bool = True, early_criu: bool = False, bulk: str = "profile", wait_early: bool = True,
-                 early_threads: int = EARLY_THREADS):
+                 early: bool = True, early_criu: bool = False, bulk: str = "profile", wait_early: bool = True):
         self.ahead = None
         remap = None
         if layers:
@@ -210,7 +205,6 @@ class HostWarm:
         self._cancelled = False
         self._early_t = None
         self._early_criu = early_criu
-        self._early_threads = max(1, early_threads)
         if bulk not in ("profile", "weights"):
             raise ValueError(f"bulk must be profile or weights, not {bulk!r}")
         self._bulk = bulk
@@ -231,7 +225,14 @@ class HostWarm:
         t0 = time.monotonic()
         n = files = 0
         try:
-            n, files = _read_files(early_files(snapshot, remap), self._early_threads, lambda: self._cancelled)
+            for p in early_files(snapshot, remap):
+                if self._cancelled:
+                    break
+                try:
+                    n += _read_data(p, lambda: self._cancelled)
+                    files += 1
+                except OSError:
+                    continue  # a hint: the restore reads (and names) it anyway
             if self._early_criu and not self._cancelled:
                 n += _read_criu_first(snapshot / "criu", remap, lambda: self._cancelled)
             if not self._cancelled:  # (early_ranges: none where COLDSTART_WARM_HOT_FIRST=0)
@@ -373,36 +374,6 @@ def _read_ranges(ranges: list[tuple[Path, int, int]], cancelled=lambda: False, e
         for fd in [*fds.values(), *(pipe or ())]:
             os.close(fd)
     return n
-
-
-def _read_files(paths: list[Path], threads: int, cancelled=lambda: False) -> tuple[int, int]:
-    """Read ``paths`` into the page cache (_read_data), ``threads`` at a time taking the next in
-    order; (bytes, files read). Unreadable ones are skipped: a hint, the restore reads (and names)
-    them anyway."""
-    todo = iter(paths)
-    lock = threading.Lock()
-    done = [0, 0]
-
-    def work() -> None:
-        while not cancelled():
-            with lock:
-                p = next(todo, None)
-            if p is None:
-                return
-            try:
-                got = _read_data(p, cancelled)
-            except OSError:
-                continue
-            with lock:
-                done[0] += got
-                done[1] += 1
-
-    ths = [threading.Thread(target=work, name=f"coldstart-early-{i}", daemon=True) for i in range(max(1, threads))]
-    for t in ths:
-        t.start()
-    for t in ths:
-        t.join()
-    return done[0], done[1]
 
 
 def _read_data(path: Path, cancelled=lambda: False) -> int:
