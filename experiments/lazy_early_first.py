@@ -8,7 +8,8 @@ in. One snapshot pushed twice to one registry behind a shaped link: in the defau
 ranges, then the restorer's runs, i.e. the whole child, then the profile) and as before
 (COLDSTART_WARM_HOT_FIRST=0 while pushing: the child in file order first). Then alternating lazy +
 prefetch restores of each on an emptied node (bench.lazy.one_start: page cache dropped, chunk cache
-and node state removed), timed from the spawn of `coldstart restore`.
+and node state removed), timed from the spawn of `coldstart restore`. The node's access profile of
+the snapshot, which push ships, is recorded first where there is none (bench.lazy.record_profile).
 
     .venv/bin/python experiments/lazy_early_first.py --snapshot /var/tmp/coldstart-slim/slim \\
         --rates 1,10 --reps 3 --out results/spot-checks/lazy-early-first/bench.jsonl
@@ -22,7 +23,7 @@ import platform
 from pathlib import Path
 from unittest import mock
 
-from coldstart.bench.lazy import _artifact_sizes, one_start
+from coldstart.bench.lazy import _artifact_sizes, one_start, record_profile
 from coldstart.criu.layout import HOT_FIRST_ENV
 from coldstart.registry import artifact, link, server
 
@@ -38,6 +39,8 @@ def main() -> None:
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.work.mkdir(parents=True, exist_ok=True)
     snap = a.snapshot.resolve()
+    if not artifact.shipped_profile(snap):  # push ships this node's profile of it: record one first
+        record_profile(snap)
     with open(a.out, "w") as out:
         def emit(row: dict) -> None:
             print(json.dumps({k: v for k, v in row.items() if k != "events"}), flush=True)
