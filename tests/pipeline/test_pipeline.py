@@ -298,6 +298,9 @@ def test_restored_greedy_output_equals_a_stock_server(snapshot, tiny_model_dir):
         r = reload_weights(c, snap, m.weights)[0]
         c.wake_up(["kv_cache"])
         assert r.get("packed_kept", 0) > 0 and not r.get("prepacked_linears"), r
+        # a reload the handles cannot stand for (a copy) is refused in one line; the server serves on
+        bad = c.collective_rpc("coldstart_reload", kwargs={"path": str(snap / m.weights["dir"]), "mode": "copy"})[0]
+        assert "reload refused" in bad["error"] and "left out" in bad["error"], bad
         assert [c.complete(p, max_tokens=32, seed=0).token_ids for p in PROMPTS] == want
     finally:
         res.stop()

@@ -121,6 +121,23 @@ def _resident_fraction(flat: Path) -> float:
     return sampled_resident_fraction(read_index(flat).data_file)
 
 
+def _left_out(flat: Path) -> str:
+    """Why a reload cannot read every tensor of ``flat`` (weights.format.omit_tensors), or "" (also
+    for an unreadable dump: the reload's own paths name that)."""
+    from coldstart.errors import ColdstartError
+    from coldstart.weights.format import read_index, require_present
+
+    try:
+        index = read_index(flat)
+    except ColdstartError:
+        return ""
+    try:
+        require_present(index, index.absent, "a reload")
+    except ColdstartError as e:
+        return str(e)
+    return ""
+
+
 def handles_hold_copies() -> bool:
     """Whether the layers serve from packed handles holding their own copy of each weight, so the
     weight tensors are read once, by the prepack: prepack on, vLLM's dispatch hooked, and a CPU
@@ -476,6 +493,10 @@ class ColdstartRPCMixin:
             out = self._cs_reload_kept(flat, kept, int(decode_arg(populate_threads)))
             if out is not None:
                 return out
+        left_out = _left_out(flat)
+        if left_out:  # only kept handles can stand for those weights, and these cannot
+            log.warning("coldstart reload refused: %s", left_out)
+            return {"mode": mode, "error": f"reload refused: {left_out}", "flat": str(flat)}
         refused = None
         auto_choice = ""
         frac = None
