@@ -382,6 +382,12 @@ class ColdstartRPCMixin:
         return {"keep_next_sleep": self._cs_keep_next, "packed_from": self._cs_packed_from,
                 "packed_linears": len(packed_linears())}
 
+    def _cs_span_at(self) -> dict[int, str]:
+        """The weight arena's in-place spans by address (a tensor's data_ptr -> its name); {} without
+        an arena."""
+        arena = self._cs_arena
+        return {} if arena is None else {arena.addr + s.offset: s.name for s in arena.spans if s.inplace}
+
     def _cs_handle_weights(self) -> dict[str, torch.nn.Module]:
         """The weight arena's spans whose only reader is a packed handle, each with its layer: what
         a weights file may leave out while those handles live. Only linear layers and the LM head
@@ -391,10 +397,9 @@ class ColdstartRPCMixin:
         from vllm.model_executor.layers.linear import LinearBase
         from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 
-        arena = self._cs_arena
-        if arena is None:
+        at = self._cs_span_at()
+        if not at:
             return {}
-        at = {arena.addr + s.offset: s.name for s in arena.spans if s.inplace}
         layers = [layer for layer in packed_linears() if isinstance(layer, (LinearBase, ParallelLMHead))]
         packed = {id(layer) for layer in layers}
         read = set()  # storages something other than a handle reads
@@ -591,7 +596,7 @@ class ColdstartRPCMixin:
         if index_identity(index) != kept:
             log.info("coldstart reload: %s is not the dump the kept packed handles were built from: repacking", flat)
             return None
-        at = {arena.addr + s.offset: s.name for s in arena.spans if s.inplace}
+        at = self._cs_span_at()
         layers = packed_linears()
         names = {at.get(layer.weight.data_ptr()) for layer in layers}
         if not layers or None in names or not index.absent <= names:

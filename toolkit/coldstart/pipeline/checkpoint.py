@@ -227,14 +227,15 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
             client.sleep(level=2)
             if not client.is_sleeping():
                 raise ColdstartError("the engine did not go to sleep (level 2)")
-            kept = _kept_linears(client) if keep else 0
+            last = _last_sleep(client) if keep else {}
+            kept = int(last.get("kept_linears") or 0)
             if opts.keep_packed and not kept:  # asked for by name; the default just goes without
                 raise ColdstartError("--keep-packed: the worker kept no packed handles through its sleep "
                                      "(its log says why)")
             if kept:  # the manifest says so: a host warmer then leaves the linear weights alone
                 weights["kept_linears"] = kept
-                if opts.slim_weights:
-                    weights.update(_slim_weights(client, staging, weights))
+                if opts.slim_weights and last.get("kept_weights"):
+                    weights.update(_slim_weights(last["kept_weights"], staging, weights))
                     say(f"weights file: {weights['omitted']} weights left out "
                         f"({weights['omitted_bytes'] / 2**20:.1f} MiB), held only by the packed handles in the image")
             tl.mark(EventName.ASLEEP, level=2, **({"kept_linears": kept} if keep else {}),
@@ -402,24 +403,21 @@ def _keep_packed(client, keep: bool) -> None:
         client.collective_rpc("coldstart_keep_packed", kwargs={"keep": True})
 
 
-def _slim_weights(client, staging: Path, weights: dict) -> dict:
-    """Leave out of the dumped weights file what only the kept packed handles read; the manifest's
-    record of it."""
+def _slim_weights(names: list[str], staging: Path, weights: dict) -> dict:
+    """Leave ``names`` (what only the kept packed handles read: the worker's sleep record,
+    ``kept_weights``) out of the dumped weights file; the manifest's record of it."""
     from coldstart.weights.format import ABSENT_NAME, omit_tensors
 
-    st = (client.collective_rpc("coldstart_state") or [{}])[0]
-    names = (st.get("last") or {}).get("kept_weights") or []
-    if not names:
-        return {}
     n = omit_tensors(staging / weights["dir"], names,
                      "held only by the packed GEMM handles in the snapshot's CRIU image (checkpoint --slim-weights)")
     return {"omitted": len(names), "omitted_bytes": n,
             "index": weights["index"] + [str(Path(weights["dir"]) / ABSENT_NAME)]}
 
 
-def _kept_linears(client) -> int:
+def _last_sleep(client) -> dict:
+    """The CPU worker's record of its last sleep (``kept_linears``, ``kept_weights``...)."""
     st = (client.collective_rpc("coldstart_state") or [{}])[0]
-    return int((st.get("last") or {}).get("kept_linears") or 0)
+    return st.get("last") or {}
 
 
 def reload_weights(client, snap: Path, weights: dict, mode: str | None = None, overlap: bool | str | None = None):
