@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+# the prompts whose greedy answers a restored server must give exactly as a stock server does
+PROMPTS = ("The capital of France is", "Once upon a time", "def fibonacci(n):", "1, 2, 3, 4,")
+
 
 def free_port() -> int:
     with socket.socket() as s:

@@ -14,7 +14,7 @@ import pytest
 from coldstart.engine.client import EngineClient
 from coldstart.pipeline.restore import RestoreOptions, restore
 
-from .conftest import free_port, unlink_copy
+from .conftest import PROMPTS, free_port, unlink_copy
 
 pytestmark = pytest.mark.timeout(1500)
 
@@ -226,9 +226,6 @@ def test_fallback_when_the_worker_cannot_get_its_xstate_permission_back(snapshot
     (snap / "manifest.json").write_text(json.dumps(d))
     reason = _fallback(snap, m)
     assert "AMX permission" in reason and "ARCH_REQ_XCOMP_PERM" in reason
-
-
-PROMPTS = ("The capital of France is", "Once upon a time", "def fibonacci(n):", "1, 2, 3, 4,")
 
 
 def test_restored_greedy_output_equals_a_stock_server(snapshot, tiny_model_dir):
