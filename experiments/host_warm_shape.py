@@ -17,7 +17,6 @@ One unmeasured restore first (the first on this node: verifies, records the prof
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 from pathlib import Path
@@ -25,7 +24,6 @@ from unittest import mock
 
 from coldstart.bench.containers import one_start, bench_case
 from coldstart.bench.criu import drop_caches
-from coldstart.containers.run import own_files as _own_files
 from coldstart.pipeline.integrity import NodeRecord
 from coldstart.pipeline.manifest import read_manifest
 from coldstart.warm.snapshot import node_profile
@@ -125,8 +123,9 @@ VARIANTS = {
     # then, against one, "-serial" with HostWarm's early_threads=1; removed after: no gain, 1.48 s
     # against 1.52, and read alone on an idle host 845 files took 0.13-0.16 s with 1, 4 or 8 readers)
     "started-2x2M-early-serial": {"after_start": True, "threads": 2, "chunk": 2 * MiB, "early": True},
-    # the entrypoint's files it loads after starting CRIU (numpy, the warmer's modules) read with
-    # the ones it loads before, ahead of CRIU's pages (HOST_PATCH), not after the child's early ranges
+    # (early-order/, at 48fb823 only: the entrypoint's files it loads after starting CRIU, numpy and the
+    # warmer, read after the child's early pages, against "-latefirst" with them ahead; removed after:
+    # no gain, bench 2.02 s against 2.00, tiny 1.44 s against 1.43)
     "started-2x2M-early-latefirst": {"after_start": True, "threads": 2, "chunk": 2 * MiB, "early": True},
 }
 # what the restore container's environment gets besides, per variant
@@ -150,16 +149,6 @@ CONTAINER_ENV = {"none-be": {"COLDSTART_WARM_IOPRIO": "be"}, "started-8x8M-early
 HOST_ENV = {"started-2x2M-early-nohotfirst": {"COLDSTART_WARM_HOT_FIRST": "0"},
             "started-2x2M-early-hotlate": {"COLDSTART_WARM_HOT_FIRST": "late"},
             "started-2x2M-early-reverse": {"COLDSTART_WARM_HOT_FIRST": "reverse"}}
-
-
-
-def _late_among_early(snapshot, remap=None):
-    before, late = _own_files(snapshot, remap)
-    return before + late, []
-
-
-# what this process's code does differently, per variant: (the name patched, its stand-in)
-HOST_PATCH = {"started-2x2M-early-latefirst": ("coldstart.containers.run.own_files", _late_among_early)}
 
 
 def main() -> None:
@@ -190,9 +179,7 @@ def main() -> None:
                 drop_caches()
                 shape = VARIANTS[v]
                 method = "restore" if shape is None else "restore+hostwarm"
-                patch = HOST_PATCH.get(v)
-                with mock.patch.dict(os.environ, HOST_ENV.get(v, {})), \
-                        (mock.patch(patch[0], patch[1]) if patch else contextlib.nullcontext()):
+                with mock.patch.dict(os.environ, HOST_ENV.get(v, {})):
                     row = {"size": a.size, "variant": v, "shape": shape, "rep": rep,
                            **one_start(c, tag, method, model, snap, layers, host_warm=shape,
                                        env=CONTAINER_ENV.get(v))}

@@ -846,33 +846,3 @@ def test_will_need_brings_in_a_whole_range_the_kernel_would_cut_short(tmp_path):
         assert resident_bytes(p)[0] == 96 * MiB
     finally:
         os.close(fd)
-
-
-def test_own_files_are_listed_in_need_order_with_what_came_after_the_mark_last():
-    """A restore's entrypoint marks the moment it starts CRIU; its profile then lists what it
-    loaded before (the interpreter's mapped files first, then its modules' bytecode in import order)
-    apart from what it loaded after (numpy, brought by the warmer): a host warmer reads the first
-    before CRIU's pages and the rest after them. Sources are not listed where bytecode exists."""
-    code = ("import json, sys\n"
-            "from coldstart.procutil import mark_loaded_files\n"
-            "mark_loaded_files()\n"
-            "import numpy\n"
-            "from coldstart.warm.profile import own_files_ranges\n"
-            "print(json.dumps([[r.file, r.source] for r in own_files_ranges()[0]]))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    ranges = json.loads(out.stdout.splitlines()[-1])
-    files = [f for f, _ in ranges]
-    source = dict(ranges)
-    assert len(files) == len(set(files))
-    first_late = next(i for i, (_, s) in enumerate(ranges) if s == "process-late")
-    assert all(s == "process-late" for _, s in ranges[first_late:]), ranges  # the before ones first
-    numpy_files = [f for f in files if "/numpy/" in f]
-    assert numpy_files and all(source[f] == "process-late" for f in numpy_files)
-    libs = [f for f in files if Path(f).name.startswith(("libc.so", "ld-linux"))]
-    assert libs and all(source[f] == "process" for f in libs)
-    assert files.index(libs[0]) < min(files.index(f) for f in files if f.endswith(".pyc"))  # mapped ones first
-    import json as _json
-
-    pyc = getattr(_json.__spec__, "cached", None)
-    if pyc and os.path.exists(pyc):
-        assert pyc in files and _json.__file__ not in files and source[pyc] == "process"

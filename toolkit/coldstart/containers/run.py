@@ -165,9 +165,7 @@ class HostWarm:
     rather than maps too (ELF heads, page runs: +86 MB); off, no gain measured (bench-earlycriu).
     The early reader then reads the hot layout's child pages that the restore touches before its
     canary's forward pass (warm.base.early_ranges), so that CRIU and the wake need not wait behind
-    the rest of the child (with the packed handles kept, 1.3 GB that only that forward pass reads),
-    and last the entrypoint's files it loads after starting CRIU (own_files: numpy and the warmer's
-    modules, ~40 MB, that used to come before CRIU's pages).
+    the rest of the child (with the packed handles kept, 1.3 GB that only that forward pass reads).
     ``bulk``: "profile" (the default: the profile's ranges, then the weights) or "weights" (the
     weights file only; slower: it delayed the entrypoint's start by a second, bench-early-weights).
     ``threads``, ``chunk``, ``method``, ``io_class``: the native warmer's readers, chunk in flight,
@@ -241,14 +239,6 @@ class HostWarm:
                 n += _read_ranges(early_ranges(sorted((snapshot / "criu").glob("pages-*.img"))
                                                if (snapshot / "criu" / "parent").is_dir() else []),
                                   lambda: self._cancelled)
-            for p in own_files(snapshot, remap)[1]:  # what the entrypoint loads after starting CRIU
-                if self._cancelled:
-                    break
-                try:
-                    n += _read_data(p, lambda: self._cancelled)
-                    files += 1
-                except OSError:
-                    continue
         finally:
             self.early = {"files": files, "bytes": n, "seconds": round(time.monotonic() - t0, 3)}
             self._early_done.set()
@@ -313,7 +303,13 @@ def early_files(snapshot: Path, remap=None) -> list[Path]:
     bench model, is not read before the first token)."""
     from coldstart.containers.helpers import RESTORE_FILES
 
-    out = own_files(snapshot, remap)[0]
+    out: list[Path] = []
+    prof = _snapshot.node_profile(snapshot)
+    if remap is not None and prof is not None and prof.exists():
+        try:
+            out += [remap(Path(r.file)) for r in load_profile(prof).ranges if r.source == "process"]
+        except ColdstartError:
+            pass  # an unreadable profile: the bulk warmer's plan says so
     out.append(snapshot / "manifest.json")
     if remap is not None:
         try:
@@ -331,21 +327,6 @@ def early_files(snapshot: Path, remap=None) -> list[Path]:
     except Exception:  # noqa: BLE001 - the restore names a bad manifest
         pass
     return list(dict.fromkeys(out))
-
-
-def own_files(snapshot: Path, remap=None) -> tuple[list[Path], list[Path]]:
-    """The entrypoint's own files in the node's recorded profile, as host paths (through ``remap``):
-    those it read before it started CRIU, then those it read after (warm.profile.own_files_ranges:
-    "process", "process-late"). None without ``remap`` or a profile."""
-    prof = _snapshot.node_profile(snapshot)
-    if remap is None or prof is None or not prof.exists():
-        return [], []
-    try:
-        ranges = load_profile(prof).ranges
-    except ColdstartError:
-        return [], []  # an unreadable profile: the bulk warmer's plan says so
-    return ([remap(Path(r.file)) for r in ranges if r.source == "process"],
-            [remap(Path(r.file)) for r in ranges if r.source == "process-late"])
 
 
 def _read_criu_first(images: Path, remap, cancelled=lambda: False) -> int:

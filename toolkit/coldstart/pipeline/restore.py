@@ -41,7 +41,6 @@ from coldstart.pipeline.events import EventName, Timeline
 from coldstart.pipeline.manifest import Manifest, read_manifest, validate_against_host
 from coldstart.pipeline.netns import Forwarder, wrap_argv
 from coldstart.pipeline.snapshots import gc_restore_dirs, write_owner
-from coldstart.procutil import mark_loaded_files
 from coldstart.state import restores_dir, state_dir
 
 
@@ -793,7 +792,6 @@ def _criu_start(criu: str, mmap: bool, snap: Path, m: Manifest, st: RestoreState
                      run_at=m.run_dir, shm=shm, private_net=st.net == "private",
                      run_modes={rel: m.files[f"run/{rel}"].mode for rel in m.run_files if f"run/{rel}" in m.files},
                      binds={rt.tree: rt.at} if rt is not None else None)
-    mark_loaded_files()  # what this process needed so far: a warmer's first reads next time (warm.profile)
     tl.mark(EventName.RESTORE_ISSUED, mmap_pages=mmap, net=st.net)
     env = dict(os.environ, COLDSTART_RESTORED_FILE=str(st.dir / "restored"))
     if record_pages:

@@ -51,7 +51,7 @@ class ProfileRange:
     offset: int
     length: int
     t: float  # seconds since recording started when first seen
-    source: str  # "pagemap" | "pagecache" | "explicit"; "process" | "process-late": own_files_ranges
+    source: str  # "pagemap" | "pagecache"
 
 
 @dataclass
@@ -487,20 +487,30 @@ def profile_from_ranges(root: Path, ranges: list[Range], snapshot_id: str = "") 
 
 
 def own_files_ranges() -> tuple[list[ProfileRange], dict[str, int]]:
-    """Whole-file ranges (t=0) for what this process itself read to get here
-    (procutil.loaded_files, in the order it needed them): the files it maps (libpython, extension
-    modules) and its modules' bytecode. Source "process" for what it loaded before it started CRIU
-    (procutil.mark_loaded_files), "process-late" for the rest (numpy, the warmer's modules). A
-    restore's entrypoint reads them one small read at a time: after a cold start they are seconds
-    of latency that a warmer outside the container can take off, the "process" ones before CRIU's
-    reads, the late ones after. Absolute paths, like the restored server's mapped files. Recorded in
-    containers only (COLDSTART_IN_CONTAINER, the image's environment): on a host nobody warms them
-    ahead."""
-    from coldstart.procutil import loaded_files
+    """Whole-file ranges (t=0, source "process") for what this process itself read to get here: its
+    Python modules (sources and bytecode) and the files it maps (libpython, extension modules). A
+    restore's entrypoint reads them before anything else, one small read at a time: after a cold
+    start they are seconds of latency that a warmer outside the container can take off. Absolute
+    paths, like the restored server's mapped files. Recorded in containers only
+    (COLDSTART_IN_CONTAINER, the image's environment): on a host nobody warms them ahead."""
+    import sys
 
     seen: dict[str, int] = {}
+    names: list[str] = []
+    for m in list(sys.modules.values()):
+        spec = getattr(m, "__spec__", None)
+        for f in (getattr(m, "__file__", None), getattr(spec, "cached", None) if spec else None):
+            if f:
+                names.append(f)
+    try:
+        with open("/proc/self/maps") as fh:
+            names += [ln.split(None, 5)[5].strip() for ln in fh if len(ln.split(None, 5)) == 6]
+    except OSError:
+        pass
     out: list[ProfileRange] = []
-    for f, late in loaded_files():
+    for f in names:
+        if not f.startswith("/") or f in seen:
+            continue
         try:
             st = os.stat(f)
         except OSError:
@@ -508,6 +518,5 @@ def own_files_ranges() -> tuple[list[ProfileRange], dict[str, int]]:
         if not S_ISREG(st.st_mode) or st.st_size == 0:
             continue
         seen[f] = st.st_size
-        out.append(ProfileRange(file=f, offset=0, length=st.st_size, t=0.0,
-                                source="process-late" if late else "process"))
+        out.append(ProfileRange(file=f, offset=0, length=st.st_size, t=0.0, source="process"))
     return out, seen
