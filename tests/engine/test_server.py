@@ -229,3 +229,45 @@ def test_map_reload_refuses_other_layout(engine_server, canary, canary_prompt, f
     client.wake_up(["kv_cache"])
     assert res["mode"] == "copy" and "does not match the weight arena" in res["map_refused"]
     assert _complete(client, canary_prompt) == canary
+
+
+def test_a_copy_reload_from_a_bad_dump_is_an_answer_and_the_engine_lives_on(engine_server, canary, canary_prompt,
+                                                                            flat_dump, tmp_path):
+    """A truncated weights file: the copy reload returns one line naming the file's problem rather
+    than raising (an exception in a collective_rpc takes vLLM's engine down); a reload from the good
+    dump then serves the canary again."""
+    import shutil
+
+    bad = tmp_path / "flat-truncated"
+    shutil.copytree(flat_dump, bad)
+    data = bad / "weights.flat"
+    with open(data, "r+b") as f:
+        f.truncate(data.stat().st_size // 2)
+    _, client = engine_server
+    client.sleep(2)
+    client.wake_up(["weights"])
+    res = client.collective_rpc("coldstart_reload", kwargs={"path": str(bad), "mode": "copy"})[0]
+    assert res["mode"] == "copy" and res["error"].startswith("copy reload failed: "), res
+    assert "weights.flat" in res["error"], res
+    good = client.collective_rpc("coldstart_reload", kwargs={"path": str(flat_dump), "mode": "copy"})[0]
+    client.wake_up(["kv_cache"])
+    assert not good.get("error"), good
+    assert _complete(client, canary_prompt) == canary
+
+
+def test_a_cold_copy_reload_packs_each_layer_as_its_weight_lands(engine_server, canary, canary_prompt, flat_dump):
+    """A copy reload of a cold file with the prepack beside it (overlap): the loader copies in file
+    order and each layer is packed once its weight has landed; the answers are right."""
+    from coldstart.warm.residency import evict
+
+    _, client = engine_server
+    client.sleep(2)
+    client.wake_up(["weights"])
+    evict(flat_dump / "weights.flat")
+    res = client.collective_rpc("coldstart_reload", kwargs={"path": str(flat_dump), "mode": "copy",
+                                                            "overlap": True})[0]
+    client.wake_up(["kv_cache"])
+    assert res["mode"] == "copy" and not res.get("error"), res
+    if res["prepacked_linears"]:  # (a host where vLLM packs nothing has nothing to overlap)
+        assert res["prepack_overlapped"] and res["layout"] == "shared", res
+    assert _complete(client, canary_prompt) == canary

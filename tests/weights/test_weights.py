@@ -250,6 +250,27 @@ def test_non_contiguous_destination(flat, src):
     assert torch.equal(base.t(), src["torch.float32.3"])
 
 
+@pytest.mark.parametrize("layout", ["shared", "ranges"])
+def test_each_tensor_is_reported_once_when_its_bytes_are_in_place(flat, src, layout):
+    """on_landed: every tensor once, each already equal to the source when reported (a caller
+    starts on it while the rest is read); a non-contiguous destination only once it is copied back."""
+    dest = _fresh(src)
+    base = torch.zeros(1024, 64, dtype=torch.float32)
+    dest["torch.float32.3"] = base.t()
+    seen: list[str] = []
+    wrong: list[str] = []
+    lock = threading.Lock()
+
+    def landed(name: str) -> None:
+        with lock:
+            seen.append(name)
+            if not torch.equal(dest[name], src[name]):
+                wrong.append(name)
+
+    load_into(flat, dest, chunk_bytes=64 * KIB, threads=4, layout=layout, on_landed=landed)
+    assert sorted(seen) == sorted(src) and not wrong, (seen, wrong)
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to narrow a thread to one")
 def test_readers_spread_past_a_one_core_caller(flat, src):
     """A caller bound to one core (vLLM's worker) still gets readers on every CPU it may use; with

@@ -563,12 +563,25 @@ class ColdstartRPCMixin:
             kw["chunk_bytes"] = int(decode_arg(chunk_bytes))
         if buffers is not None:
             kw["buffers"] = int(decode_arg(buffers))
-        t0 = time.perf_counter()
-        stats = load_into(Path(flat), model_tensors(self._cs_model()), **kw)
-        out = _as_dict(stats)
+        from coldstart.errors import ColdstartError
         from coldstart.weights.format import read_index
 
-        out.update(self._cs_prepack(decode_arg(prepack_threads), source=read_index(flat)))
+        t0 = time.perf_counter()
+        side = packing_active() and not kw["verify"] and self._cs_arena is not None \
+            and _overlap_prepack(decode_arg(overlap), flat, frac)
+        try:
+            index = read_index(flat)
+            if side:
+                stats, packed = self._cs_copy_packing(index, kw, decode_arg(prepack_threads))
+            else:
+                stats = load_into(Path(flat), model_tensors(self._cs_model()), **kw)
+        except ColdstartError as e:
+            # returned, not raised: an exception in a collective_rpc takes vLLM's engine down
+            log.warning("coldstart reload: copy failed: %s", e)
+            return {"mode": "copy", "error": f"copy reload failed: {e} (the weights may be partly overwritten: "
+                                             "reload from a good dump before serving)", "flat": str(flat)}
+        out = _as_dict(stats)
+        out.update(packed if side else self._cs_prepack(decode_arg(prepack_threads), source=index))
         out.update({"seconds_rpc": round(time.perf_counter() - t0, 6), "flat": str(flat), "mode": "copy"})
         if refused:
             out["map_refused"] = refused
@@ -576,6 +589,46 @@ class ColdstartRPCMixin:
             out["auto_choice"] = auto_choice
         self._cs_saved_buffers = {}
         return out
+
+    def _cs_copy_packing(self, index, kw: dict, prepack_threads: Any) -> tuple[Any, dict]:
+        """A copy reload with the prepack beside it: the loader copies the file in on a thread,
+        in file order (its readers share one queue of pieces), and each layer is packed as soon as
+        its weight has landed (load_into's ``on_landed``), so the packing's CPU runs while the disk
+        still reads. (stats, the prepack's stats); raises the loader's ColdstartError."""
+        from coldstart.weights.loader import load_into
+
+        at = self._cs_span_at()
+        landed = {name: threading.Event() for name in at.values()}
+        result: dict[str, Any] = {}
+
+        def load() -> None:
+            try:
+                result["stats"] = load_into(index, model_tensors(self._cs_model()), layout="shared",
+                                            on_landed=lambda name: landed[name].set() if name in landed else None,
+                                            **kw)
+            except BaseException as e:  # noqa: BLE001 - raised below, on the caller's thread
+                result["error"] = e
+            finally:
+                for ev in landed.values():  # no packing thread waits forever on a failed load
+                    ev.set()
+
+        th = threading.Thread(target=load, name="coldstart-reload-copy", daemon=True)
+
+        def touch(weight) -> None:
+            ev = landed.get(at.get(weight.data_ptr(), ""))
+            if ev is not None:
+                ev.wait()
+            else:  # a weight outside the arena's spans: packed only once the whole file is in
+                th.join()
+
+        th.start()
+        packed = self._cs_prepack(prepack_threads, touch=touch, source=index)
+        th.join()
+        if "error" in result:
+            self._cs_packed_from = None  # (packed from weights partly overwritten)
+            raise result["error"]
+        packed["prepack_overlapped"] = True
+        return result["stats"], packed
 
     def _cs_reload_kept(self, flat: Path, kept: str, populate_threads: int) -> dict | None:
         """The reload after a restore whose packed handles were kept through the checkpoint: the

@@ -329,7 +329,7 @@ class _Loader:
     def __init__(self, index: FlatIndex, pairs, *, threads: int, chunk_bytes: int, buffers: int | None, verify: bool,
                  direct: bool, progress: Progress | None, mode: str, layout: str = "ranges",
                  read_bytes: int = 0, fadvise: str | None = None, prefetch_bytes: int = 0, spread: bool = True,
-                 copies: str | None = None):
+                 copies: str | None = None, on_landed: Callable[[str], None] | None = None):
         import torch
 
         self.torch = torch
@@ -395,6 +395,12 @@ class _Loader:
         self.reader_cpus = ""
         self.tls = threading.local()
         self.views = [_bytes_view(t) for t in self.targets]  # torch uint8 views
+        # direct mode: each tensor reported to ``on_landed`` once its last byte is in place (a shadowed
+        # one, and every tensor in staged mode, only when the whole load is: _load_group)
+        self.on_landed = on_landed
+        self.left = [e.nbytes for e in self.entries]
+        self.reported = [False] * len(self.entries)
+        self.shadowed = {i for i, t in enumerate(self.targets) if t is not pairs[i][1]}
         self.np_views = [v.numpy() if self.device == "cpu" else None for v in self.views]
 
     # -- shared helpers
@@ -511,6 +517,28 @@ class _Loader:
                 for s in piece.segments:
                     self._verify_segment(s, self.np_views[s.tensor][s.toff:s.toff + s.length])
         self._advance(sum(s.length for s in piece.segments))
+        if self.on_landed is not None:
+            self._landed(piece)
+
+    def _landed(self, piece: Piece) -> None:
+        done = []
+        with self.lock:
+            for s in piece.segments:
+                self.left[s.tensor] -= s.length
+                if self.left[s.tensor] <= 0 and s.tensor not in self.shadowed and not self.reported[s.tensor]:
+                    self.reported[s.tensor] = True
+                    done.append(self.entries[s.tensor].name)
+        for name in done:
+            self.on_landed(name)
+
+    def report_rest(self) -> None:
+        """The load is through: report every tensor not reported yet (shadowed, empty, staged)."""
+        if self.on_landed is None:
+            return
+        for i, e in enumerate(self.entries):
+            if not self.reported[i]:
+                self.reported[i] = True
+                self.on_landed(e.name)
 
     def read_s_add(self, dt: float) -> None:
         with self.lock:
@@ -806,6 +834,7 @@ def load_into(
     prefetch_bytes: int = 0,
     spread: bool = True,
     copies: str | None = None,
+    on_landed: Callable[[str], None] | None = None,
 ) -> LoadStats:
     """Load a flat dump (its directory or weights.flat) into ``dest`` in place.
 
@@ -829,7 +858,11 @@ def load_into(
     ahead of each reader with POSIX_FADV_WILLNEED. ``spread``: reader threads may run on every CPU the
     process's cpuset allows, whatever mask the calling thread has (vLLM binds its worker to one core).
     ``copies`` (staged mode): who queues a piece's copies to the destination, "readers" or
-    "coordinator" (None: ``default_copies`` of the device).
+    "coordinator" (None: ``default_copies`` of the device). ``on_landed(name)``: called once per
+    tensor, from a reader thread, as soon as its bytes are all in place (direct mode; in staged mode
+    and for a non-contiguous destination, when the whole load is), so a caller can start on the
+    tensors that have arrived while the rest is still read (a load that fails has reported only
+    some).
     """
     t_start = time.perf_counter()
     if threads is not None and threads <= 0:
@@ -858,7 +891,8 @@ def load_into(
                                  chunk_bytes=chunk_bytes, buffers=buffers, verify=verify, direct=direct, progress=prog,
                                  mode=mode, layout=layout,
                                  read_bytes=default_read_bytes(dev, bool(direct)) if read_bytes is None else read_bytes,
-                                 fadvise=fadvise, prefetch_bytes=prefetch_bytes, spread=spread, copies=copies))
+                                 fadvise=fadvise, prefetch_bytes=prefetch_bytes, spread=spread, copies=copies,
+                                 on_landed=on_landed))
         base += parts[-1].bytes
     st = parts[0]
     if len(parts) > 1:
@@ -986,6 +1020,7 @@ def _load_group(index: FlatIndex, pairs, **kw) -> LoadStats:
         t.copy_(shadow)
     if ld.post and ld.device == "cuda":
         ld.torch.cuda.synchronize()
+    ld.report_rest()
     t_end = time.perf_counter()
     secs = t_end - t_start
     return LoadStats(
