@@ -90,7 +90,8 @@ def inspect_cmd(snapshot: Path = typer.Argument(...), verify: bool = typer.Optio
         raise typer.Exit(1)
 
 
-snapshot_app = typer.Typer(help="Snapshots on this host: list, verify, remove.", no_args_is_help=True)
+snapshot_app = typer.Typer(help="Snapshots on this host: list, verify, remove, pack into a compressed image "
+                            "and mount it.", no_args_is_help=True)
 
 
 @snapshot_app.command("ls")
@@ -126,6 +127,37 @@ def snapshot_verify(snapshot: Path = typer.Argument(...)) -> None:
 
     st = verify(snapshot)
     _say(f"{snapshot}: {st['checked']} files ({st['bytes'] / 2**30:.2f} GiB) match their digests")
+
+
+@snapshot_app.command("pack")
+def snapshot_pack(snapshot: Path = typer.Argument(..., help="The snapshot directory."),
+                  image: Path = typer.Argument(..., help="The image file to write (must not exist)."),
+                  compressor: str = typer.Option("lz4hc", help="mkfs.erofs compressor: lz4hc or lz4.")) -> None:
+    """Pack a snapshot into one compressed read-only image (EROFS) for the node's disk, to mount and restore from."""
+    from coldstart.pipeline.nodeimage import pack
+
+    _say(f"packing {snapshot} into {image} ({compressor})")
+    st = pack(snapshot, image, compressor=compressor)
+    _say(f"{image}: {st['bytes'] / 2**20:.0f} MiB, against {st['snapshot_bytes'] / 2**20:.0f} MiB for the "
+         f"snapshot on the disk ({st['seconds']} s)")
+
+
+@snapshot_app.command("mount")
+def snapshot_mount(image: Path = typer.Argument(..., help="An image written by `snapshot pack`."),
+                   at: Path = typer.Argument(..., help="The directory to mount it at (read-only).")) -> None:
+    """Mount a packed snapshot read-only; `coldstart restore AT` then restores from it."""
+    from coldstart.pipeline.nodeimage import mount
+
+    _say(f"mounted {image} at {mount(image, at)} (read-only): coldstart restore {at}")
+
+
+@snapshot_app.command("unmount")
+def snapshot_unmount(at: Path = typer.Argument(..., help="Where `snapshot mount` mounted an image.")) -> None:
+    """Unmount a packed snapshot; refused while a restore maps its files."""
+    from coldstart.pipeline.nodeimage import unmount
+
+    unmount(at)
+    _say(f"unmounted {at}")
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:
