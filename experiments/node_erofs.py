@@ -3,13 +3,13 @@ from it cost? Issue 16's "total image size halved" is met as shipped (zstd packs
 but not on the node, where the mmap restore maps the CRIU pages files as they are.
 
 For each model, the container benchmark's snapshot (hot layout, the defaults) is packed into an
-EROFS image with lz4hc (mkfs.erofs, erofs-utils 1.5: lz4 and lz4hc only; the kernel decompresses
-on page-in) and mounted read-only (loop). Then, alternating, container restores from the plain
-directory and from the mount: cold (page cache dropped, host warming) and warm, each timed from
-the docker-py create call to the first completion through the published port. One unmeasured
-restore from each first (the first on this node verifies every file and records the profile).
+EROFS image with lz4hc and mounted read-only (pipeline.nodeimage, `coldstart snapshot pack` and
+`mount`: erofs-utils 1.5, lz4 and lz4hc only; the kernel decompresses on page-in). Then,
+alternating, container restores from the plain directory and from the mount: cold (page cache
+dropped, host warming) and warm, each timed from the docker-py create call to the first
+completion through the published port. One unmeasured restore from each first (the first on
+this node verifies every file and records the profile).
 
-    apt-get install -y erofs-utils   # not in `make setup`: only this experiment uses it
     .venv/bin/python experiments/node_erofs.py --sizes tiny,bench --reps 4 \\
         --out results/spot-checks/node-erofs/raw.jsonl
 """
@@ -18,36 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import time
 from pathlib import Path
 
 from coldstart.bench.containers import bench_case, one_start
 from coldstart.bench.criu import drop_caches
 from coldstart.bench.warm import device_read_bytes
-
-
-def allocated(root: Path) -> int:
-    """Bytes the directory's files take on the disk (their blocks: holes not counted)."""
-    n = 0
-    for dirpath, _, files in os.walk(root):
-        for f in files:
-            st = os.lstat(os.path.join(dirpath, f))
-            n += st.st_blocks * 512
-    return n
-
-
-def mkfs(snap: Path, img: Path, compressor: str, cluster: int) -> float:
-    img.unlink(missing_ok=True)
-    t = time.monotonic()
-    subprocess.run(["mkfs.erofs", f"-z{compressor}", f"-C{cluster}", "--quiet", str(img), str(snap)], check=True)
-    return time.monotonic() - t
-
-
-def mount(img: Path, at: Path) -> None:
-    at.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["umount", str(at)], capture_output=True)
-    subprocess.run(["mount", "-t", "erofs", "-o", "ro,loop", str(img), str(at)], check=True)
+from coldstart.pipeline import nodeimage
+from coldstart.pipeline.nodeimage import allocated_bytes as allocated
 
 
 def main() -> None:
@@ -71,9 +48,11 @@ def main() -> None:
         for size in [s.strip() for s in a.sizes.split(",") if s.strip()]:
             c, tag, layers, model, snap = bench_case(size, a.work, say=lambda m: print(m, flush=True))
             img, mnt = a.store / f"{size}.erofs", a.store / f"{size}-mnt"
-            subprocess.run(["umount", str(mnt)], capture_output=True)
-            secs = mkfs(snap, img, a.compressor, a.cluster)
-            mount(img, mnt)
+            if os.path.ismount(mnt):  # left by an interrupted run
+                nodeimage.unmount(mnt)
+            img.unlink(missing_ok=True)
+            secs = nodeimage.pack(snap, img, compressor=a.compressor, cluster=a.cluster)["seconds"]
+            nodeimage.mount(img, mnt)
             criu_plain = allocated(snap / "criu")
             put({"size": size, "what": "sizes", "snapshot_allocated": allocated(snap), "criu_allocated": criu_plain,
                  "weights_allocated": allocated(snap / "weights"), "erofs_image": img.stat().st_size,
@@ -93,7 +72,7 @@ def main() -> None:
                          "vda_read_bytes": device_read_bytes("vda") - r0, **row})
                     put({"size": size, "store": name, "what": "warm", "rep": rep,
                          **one_start(c, tag, "restore", model, path, layers)})
-            subprocess.run(["umount", str(mnt)], check=True)
+            nodeimage.unmount(mnt)
 
 
 if __name__ == "__main__":

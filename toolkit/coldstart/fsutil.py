@@ -20,6 +20,15 @@ def fsync_dir(d: Path) -> None:
         os.close(fd)
 
 
+def fsync_file(path: Path | str) -> None:
+    """fsync one file's data, before it is renamed into place."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def fsync_tree(root: Path) -> None:
     """fsync every regular file and directory under ``root`` (symlinks, sockets and FIFOs are left
     alone: a live run dir holds vLLM's RPC sockets), before the caller renames it into place or
@@ -27,13 +36,8 @@ def fsync_tree(root: Path) -> None:
     for dirpath, _dirs, files in os.walk(root):
         for name in files:
             p = os.path.join(dirpath, name)
-            if not stat.S_ISREG(os.lstat(p).st_mode):
-                continue
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            if stat.S_ISREG(os.lstat(p).st_mode):
+                fsync_file(p)
         fsync_dir(Path(dirpath))
 
 

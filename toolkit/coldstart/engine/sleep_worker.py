@@ -574,7 +574,7 @@ class ColdstartRPCMixin:
             if side:
                 stats, packed = self._cs_copy_packing(index, kw, decode_arg(prepack_threads))
             else:
-                stats = load_into(Path(flat), model_tensors(self._cs_model()), **kw)
+                stats = load_into(index, model_tensors(self._cs_model()), **kw)
         except ColdstartError as e:
             # returned, not raised: an exception in a collective_rpc takes vLLM's engine down
             log.warning("coldstart reload: copy failed: %s", e)

@@ -6,13 +6,12 @@ The one owner of mkfs.erofs's and the EROFS mount's command lines."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
 
 from coldstart.errors import ColdstartError
-from coldstart.fsutil import fsync_dir
+from coldstart.fsutil import fsync_dir, fsync_file
 from coldstart.pipeline.manifest import MANIFEST_NAME, read_manifest
 
 # lz4hc: the better of the two compressors erofs-utils 1.5 (Debian 12) offers; the kernel
@@ -21,7 +20,8 @@ COMPRESSOR = "lz4hc"
 CLUSTER = 64 << 10  # the physical cluster: a page fault decompresses at most this much
 
 
-def _allocated(root: Path) -> int:
+def allocated_bytes(root: Path) -> int:
+    """What the files under ``root`` take on its disk (their blocks: holes not counted)."""
     return sum(os.lstat(os.path.join(d, f)).st_blocks * 512 for d, _, fs in os.walk(root) for f in fs)
 
 
@@ -42,24 +42,18 @@ def pack(snapshot: Path, image: Path, *, compressor: str = COMPRESSOR, cluster: 
     read_manifest(snapshot)  # one clear line for a missing, partial or damaged snapshot
     if image.exists():
         raise ColdstartError(f"{image} exists: remove it or choose another path")
-    if shutil.which("mkfs.erofs") is None:
-        raise ColdstartError("mkfs.erofs not found: packing a snapshot needs it (apt-get install erofs-utils)")
     image.parent.mkdir(parents=True, exist_ok=True)
     tmp = image.with_name(f".{image.name}.partial-{os.getpid()}")
     t0 = time.monotonic()
     try:
         _run(["mkfs.erofs", f"-z{compressor}", f"-C{cluster}", "--quiet", "--all-root", str(tmp), str(snapshot)],
              f"packing {snapshot}")
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_file(tmp)
         os.rename(tmp, image)
         fsync_dir(image.parent)
     finally:
         tmp.unlink(missing_ok=True)
-    return {"bytes": image.stat().st_size, "snapshot_bytes": _allocated(snapshot),
+    return {"bytes": image.stat().st_size, "snapshot_bytes": allocated_bytes(snapshot),
             "seconds": round(time.monotonic() - t0, 1)}
 
 
