@@ -3,8 +3,9 @@ from it cost? Issue 16's "total image size halved" is met as shipped (zstd packs
 but not on the node, where the mmap restore maps the CRIU pages files as they are.
 
 For each model, the container benchmark's snapshot (hot layout, the defaults) is packed into an
-EROFS image with lz4hc and mounted read-only (pipeline.nodeimage, `coldstart snapshot pack` and
-`mount`: erofs-utils 1.5, lz4 and lz4hc only; the kernel decompresses on page-in). Then,
+EROFS image (``--compressor``: lz4hc, or zstd with make setup's mkfs.erofs 1.8.6) and mounted
+read-only (pipeline.nodeimage, `coldstart snapshot pack` and `mount`; the kernel decompresses on
+page-in). Then,
 alternating, container restores from the plain directory and from the mount: cold (page cache
 dropped, host warming) and warm, each timed from the docker-py create call to the first
 completion through the published port. One unmeasured restore from each first (the first on
@@ -12,6 +13,8 @@ this node verifies every file and records the profile).
 
     .venv/bin/python experiments/node_erofs.py --sizes tiny,bench --reps 4 \\
         --out results/spot-checks/node-erofs/raw.jsonl
+    .venv/bin/python experiments/node_erofs.py --sizes tiny,bench --reps 4 --compressor zstd \\
+        --out results/spot-checks/node-erofs-zstd/raw.jsonl
 """
 from __future__ import annotations
 

@@ -5,20 +5,23 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
 from coldstart.errors import ColdstartError
-from coldstart.pipeline import nodeimage
+from coldstart.pipeline import integrity, nodeimage
+from coldstart.pipeline.integrity import NodeRecord
 from coldstart.pipeline.restore import RestoreOptions, restore
 
 pytestmark = pytest.mark.timeout(900)
 
 
-def test_a_packed_snapshot_is_smaller_and_restores_from_its_mount(snapshot, tmp_path):
+@pytest.mark.parametrize("compressor", ["lz4hc", "zstd"])
+def test_a_packed_snapshot_is_smaller_and_restores_from_its_mount(snapshot, tmp_path, compressor):
     snap, m = snapshot
     image = tmp_path / "snap.erofs"
-    st = nodeimage.pack(snap, image)
+    st = nodeimage.pack(snap, image, compressor=compressor)
     assert image.is_file() and st["bytes"] < st["snapshot_bytes"] / 2, st  # the tiny model's pages compress well
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # nothing staged left
     at = nodeimage.mount(image, tmp_path / "mnt")
@@ -31,9 +34,39 @@ def test_a_packed_snapshot_is_smaller_and_restores_from_its_mount(snapshot, tmp_
             assert res.restored and res.canary_ok, lines
         finally:
             res.stop()
+        record = NodeRecord(tmp_path / "node")
+        assert integrity.verify(at, m.files, record=record)["checked"] == len(m.files)
+        dev = os.stat(at).st_dev
     finally:
         nodeimage.unmount(at)
     assert not os.path.ismount(at)
+    # the same image mounted again on another loop device (the one it had is taken meanwhile) is the
+    # same files to the node's record: verified once, skipped after; a changed image is checked again
+    (tmp_path / "other").write_bytes(bytes(1 << 20))
+    other = f"/dev/loop{os.minor(dev)}"
+    for _ in range(100):  # the kernel detaches it after the unmount
+        if subprocess.run(["losetup", "--read-only", other, str(tmp_path / "other")],
+                          capture_output=True).returncode == 0:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"{other} was not detached after the unmount")
+    try:
+        again = nodeimage.mount(image, tmp_path / "again")
+        try:
+            assert os.stat(again).st_dev != dev
+            st = integrity.verify(again, m.files, record=record)
+            assert st["checked"] == 0 and st["skipped"] == len(m.files), st
+        finally:
+            nodeimage.unmount(again)
+        os.utime(image)  # the image changed, as far as the node can tell
+        again = nodeimage.mount(image, tmp_path / "again")
+        try:
+            assert integrity.verify(again, m.files, record=record)["checked"] == len(m.files)
+        finally:
+            nodeimage.unmount(again)
+    finally:
+        subprocess.run(["losetup", "-d", other], check=False)
 
 
 def test_bad_input_is_one_clear_line_and_leaves_no_image(snapshot, tmp_path):
@@ -41,8 +74,10 @@ def test_bad_input_is_one_clear_line_and_leaves_no_image(snapshot, tmp_path):
     with pytest.raises(ColdstartError, match="manifest"):
         nodeimage.pack(tmp_path, tmp_path / "x.erofs")  # not a snapshot
     image = tmp_path / "bad.erofs"
-    with pytest.raises(ColdstartError, match="packing .* failed"):
-        nodeimage.pack(snap, image, compressor="nope")  # mkfs.erofs refuses: no image, nothing staged
+    with pytest.raises(ColdstartError, match="unknown compressor 'nope'"):
+        nodeimage.pack(snap, image, compressor="nope")
+    with pytest.raises(ColdstartError, match="packing .* failed .*clustersize"):
+        nodeimage.pack(snap, image, cluster=1000)  # mkfs.erofs refuses: its reason, no image, nothing staged
     assert not image.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".bad")]
     image.write_bytes(b"")
     with pytest.raises(ColdstartError, match="exists"):

@@ -9,7 +9,9 @@ Hashing every byte at every start would cost a full read of the images (gigabyte
 needs a fraction), so a node remembers what it has checked: a record keyed by the file's identity
 (device, inode, size, mtime, ctime) and its expected digests. A snapshot's files never change after
 publish; any write or replacement changes mtime/ctime (which userspace cannot set back) or the
-inode, and the next restore checks that file again. ``coldstart snapshot verify`` pays the first
+inode, and the next restore checks that file again. A file on a read-only loop mount (``coldstart
+snapshot mount`` of a packed image) is also recorded by the image file's identity, which a fresh
+mount of the same image keeps while the loop device changes. ``coldstart snapshot verify`` pays the first
 check ahead of time (e.g. right after a copy). Residual risk, documented in docs/pipeline.md: a
 change below the file system (bit rot) that keeps ctime is caught only by ``--verify full``.
 fs-verity would close it, but this kernel does not have it.
@@ -115,6 +117,19 @@ def check_file(path: Path, rel: str, size: int, chunks: list[str], threads: int 
                              "the snapshot is corrupt")
 
 
+def _loop_image(dev: int) -> tuple | None:
+    """For a read-only loop device, the identity of the image file behind it: a packed snapshot
+    mounted again (another loop device, the same unchanged image) holds the same files."""
+    sysfs = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
+    try:
+        if (sysfs / "ro").read_text().strip() != "1":
+            return None
+        st = os.stat((sysfs / "loop" / "backing_file").read_text().rstrip("\n"))
+    except (OSError, ValueError):
+        return None  # not a loop device, or its image is gone or out of sight
+    return ("loop-image", st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 class NodeRecord:
     """What this node has verified: one small file per (file identity, expected digests).
 
@@ -125,11 +140,14 @@ class NodeRecord:
         self.root = (root or node_dir()) / "verified"
 
     @staticmethod
-    def _key(path: Path, xxh3: str, chunks: list[str]) -> str:
+    def _keys(path: Path, xxh3: str, chunks: list[str]) -> list[str]:
+        """The file's key by its device, and for a file on a read-only loop device also by the image
+        behind it (stable across remounts; unseen inside a container, where the image's path is not)."""
         st = os.stat(path)
-        ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, xxh3,
-                 hashlib.sha256("".join(chunks).encode()).hexdigest())
-        return xxhash.xxh3_128(repr(ident).encode()).hexdigest()
+        digests = (xxh3, hashlib.sha256("".join(chunks).encode()).hexdigest())
+        devs = [st.st_dev] + [d for d in [_loop_image(st.st_dev)] if d]
+        return [xxhash.xxh3_128(repr((d, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, *digests)).encode()).hexdigest()
+                for d in devs]
 
     def forget(self, snapshot_dir: Path, files: dict) -> int:
         """Drop the records of one snapshot's files (``files``: the manifest's rel -> FileEntry): its
@@ -138,22 +156,28 @@ class NodeRecord:
         n = 0
         for rel, fe in files.items():
             try:
-                (self.root / self._key(Path(snapshot_dir) / rel, fe.xxh3, list(fe.chunks))).unlink()
-                n += 1
+                keys = self._keys(Path(snapshot_dir) / rel, fe.xxh3, list(fe.chunks))
             except OSError:
-                pass
+                continue
+            for key in keys:
+                try:
+                    (self.root / key).unlink()
+                    n += 1
+                except OSError:
+                    pass
         return n
 
     def has(self, path: Path, xxh3: str, chunks: list[str]) -> bool:
         try:
-            return (self.root / self._key(path, xxh3, chunks)).exists()
+            return any((self.root / key).exists() for key in self._keys(path, xxh3, chunks))
         except OSError:
             return False
 
     def add(self, path: Path, xxh3: str, chunks: list[str]) -> None:
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            (self.root / self._key(path, xxh3, chunks)).write_text(json.dumps({"path": str(path)}) + "\n")
+            for key in self._keys(path, xxh3, chunks):
+                (self.root / key).write_text(json.dumps({"path": str(path)}) + "\n")
         except OSError:
             pass
 

@@ -1,8 +1,9 @@
 """A snapshot kept on the node as one compressed, read-only EROFS image, restored from a read-only
 mount of it. The kernel decompresses on page-in, so the restore is unchanged (it already takes
-read-only snapshots); the node's disk holds a quarter of the tiny model's snapshot and two thirds
-of the bench model's, whose random weights do not compress (results/spot-checks/node-erofs).
-The one owner of mkfs.erofs's and the EROFS mount's command lines."""
+read-only snapshots). With lz4hc the node's disk holds a quarter of the tiny model's snapshot but
+two thirds of the bench model's, whose random bf16 weights lz4 cannot compress; zstd takes a fifth
+off those too (results/spot-checks/node-erofs*). The one owner of mkfs.erofs's and the EROFS
+mount's command lines."""
 from __future__ import annotations
 
 import os
@@ -14,10 +15,18 @@ from coldstart.errors import ColdstartError
 from coldstart.fsutil import fsync_dir, fsync_file
 from coldstart.pipeline.manifest import MANIFEST_NAME, read_manifest
 
-# lz4hc: the better of the two compressors erofs-utils 1.5 (Debian 12) offers; the kernel
-# decompresses lz4 fast enough that a cold tiny restore was no slower (1.19 s against 1.40 plain)
+# lz4hc decompresses fastest (a cold tiny restore was no slower than from the plain directory);
+# zstd (level 3: mkfs.erofs's own default level compressed the bench model's weights less than
+# lz4hc) needs mkfs.erofs >= 1.6, which make setup builds (scripts/setup.d/70-erofs-utils.sh).
 COMPRESSOR = "lz4hc"
+COMPRESSORS = {"lz4hc": "lz4hc", "lz4": "lz4", "zstd": "zstd,level=3"}
 CLUSTER = 64 << 10  # the physical cluster: a page fault decompresses at most this much
+
+
+def mkfs_erofs() -> str:
+    """make setup's mkfs.erofs 1.8 (it writes zstd) where there is one, else the system's."""
+    built = Path(os.environ.get("COLDSTART_CACHE", "/var/cache/coldstart")) / "erofs-utils/current/bin/mkfs.erofs"
+    return str(built) if os.access(built, os.X_OK) else "mkfs.erofs"
 
 
 def allocated_bytes(root: Path) -> int:
@@ -29,16 +38,24 @@ def _run(argv: list[str], what: str) -> None:
     try:
         p = subprocess.run(argv, capture_output=True, text=True)
     except FileNotFoundError:
-        raise ColdstartError(f"{argv[0]} not found: {what} needs it (apt-get install erofs-utils)") from None
+        raise ColdstartError(f"{argv[0]} not found: {what} needs it (make setup, or apt-get install erofs-utils)") from None
     if p.returncode != 0:
-        tail = (p.stderr or p.stdout).strip().splitlines()
-        raise ColdstartError(f"{what} failed ({argv[0]} exit {p.returncode}): {tail[-1] if tail else 'no output'}")
+        lines = (p.stderr or p.stdout).strip().splitlines()
+        errors = [ln for ln in lines if ln.startswith("<E>")] or lines  # mkfs.erofs ends with a --help hint
+        raise ColdstartError(f"{what} failed ({os.path.basename(argv[0])} exit {p.returncode}): "
+                             f"{errors[-1] if errors else 'no output'}")
 
 
 def pack(snapshot: Path, image: Path, *, compressor: str = COMPRESSOR, cluster: int = CLUSTER) -> dict:
     """Write ``snapshot`` into the EROFS image ``image`` (staged beside it, fsynced, renamed: a
     killed pack leaves no image). Returns its bytes, the snapshot's and the seconds it took."""
     snapshot, image = Path(snapshot), Path(image)
+    if compressor not in COMPRESSORS:
+        raise ColdstartError(f"unknown compressor {compressor!r}: choose one of {', '.join(COMPRESSORS)}")
+    mkfs = mkfs_erofs()
+    if compressor == "zstd" and mkfs == "mkfs.erofs":
+        raise ColdstartError("zstd needs mkfs.erofs >= 1.6, which make setup builds; "
+                             "Debian 12's erofs-utils 1.5 writes lz4hc and lz4 only")
     read_manifest(snapshot)  # one clear line for a missing, partial or damaged snapshot
     if image.exists():
         raise ColdstartError(f"{image} exists: remove it or choose another path")
@@ -46,8 +63,8 @@ def pack(snapshot: Path, image: Path, *, compressor: str = COMPRESSOR, cluster: 
     tmp = image.with_name(f".{image.name}.partial-{os.getpid()}")
     t0 = time.monotonic()
     try:
-        _run(["mkfs.erofs", f"-z{compressor}", f"-C{cluster}", "--quiet", "--all-root", str(tmp), str(snapshot)],
-             f"packing {snapshot}")
+        _run([mkfs, f"-z{COMPRESSORS[compressor]}", f"-C{cluster}", "--quiet", "--all-root",
+              str(tmp), str(snapshot)], f"packing {snapshot} ({compressor})")
         fsync_file(tmp)
         os.rename(tmp, image)
         fsync_dir(image.parent)
