@@ -7,15 +7,20 @@ results/spot-checks/reload-populate-piece. Page faults on a mapping read around 
 the page cache with sendfile(2) to /dev/null (no copy to user space); a populate after that only
 maps cached pages (a warm map reload took 0.02 s).
 
-Usage: .venv/bin/python experiments/populate_vs_sendfile.py FILE OUT_DIR [ROUNDS]
+Usage: .venv/bin/python experiments/populate_vs_sendfile.py FILE OUT_DIR [ROUNDS] [CELLS]
 No server: the file mapped MAP_PRIVATE in this process, evicted before each cell, cells in a
 shuffled order each round, fio (the faster of bench reload's two shapes) in every round.
+CELLS: comma-separated KIND:THREADS:PIECE_MIB (default: the four of the first run). KIND
+"populate-thp": the mapping madvised MADV_HUGEPAGE first, so that a fault reads ahead into 2 MiB
+page-cache folios where the file system has them (ext4 on kernel >= 6.16) instead of 4 KiB pages;
+each cell also records this process's CPU seconds (the faults' kernel work is charged to it).
 """
 from __future__ import annotations
 
 import json
 import os
 import random
+import resource
 import statistics
 import sys
 import threading
@@ -25,6 +30,8 @@ from pathlib import Path
 from coldstart.bench.weights import fio_run
 from coldstart.engine.arena import MADV_POPULATE_READ, MAP_PRIVATE, PROT_READ, _libc, _madvise
 from coldstart.warm.residency import evict_all, read_into_cache
+
+MADV_HUGEPAGE = 14
 
 path, out = Path(sys.argv[1]), Path(sys.argv[2])
 rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 6
@@ -55,7 +62,9 @@ def cell(kind: str, threads: int, piece: int) -> float:
     addr = _libc.mmap(None, size, PROT_READ, MAP_PRIVATE, fd, 0)
     try:
         t = time.perf_counter()
-        if kind == "populate":
+        if kind == "populate-thp":
+            _madvise(addr, size, MADV_HUGEPAGE)
+        if kind in ("populate", "populate-thp"):
             run_threads(threads, piece, lambda o, n: _madvise(addr + o, n, MADV_POPULATE_READ))
         elif kind == "sendfile+populate":  # a descriptor per thread (its own readahead state), as map_file(fill="read")
             local = threading.local()
@@ -78,6 +87,8 @@ def cell(kind: str, threads: int, piece: int) -> float:
 
 cells = [("populate", 4, 64 << 20), ("sendfile+populate", 4, 64 << 20), ("sendfile+populate", 2, 64 << 20),
          ("sendfile+populate", 4, 8 << 20)]
+if len(sys.argv) > 4:
+    cells = [(k, int(t), int(m) << 20) for k, t, m in (c.split(":") for c in sys.argv[4].split(","))]
 rows = []
 for rnd in range(rounds):
     best = 0.0
@@ -90,9 +101,12 @@ for rnd in range(rounds):
     random.Random(rnd).shuffle(order)
     for kind, threads, piece in order:
         evict_all([path])
+        ru = resource.getrusage(resource.RUSAGE_SELF)
         secs = cell(kind, threads, piece)
+        ru2 = resource.getrusage(resource.RUSAGE_SELF)
         rows.append({"round": rnd, "cell": f"{kind} {threads}x{piece >> 20}M", "seconds": round(secs, 4),
-                     "gib_s": round(size / secs / 2**30, 3)})
+                     "gib_s": round(size / secs / 2**30, 3),
+                     "cpu_s": round(ru2.ru_utime + ru2.ru_stime - ru.ru_utime - ru.ru_stime, 3)})
     print(json.dumps(rows[-len(cells) - 1:]), flush=True)
 out.mkdir(parents=True, exist_ok=True)
 (out / "raw.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -101,4 +115,5 @@ print(f"{path.name}, {size / 2**30:.2f} GiB; device median {statistics.median(de
 for name in dict.fromkeys(r["cell"] for r in rows if r["cell"] != "device"):
     rs = [r for r in rows if r["cell"] == name]
     paired = statistics.median(r["gib_s"] / dev[r["round"]] for r in rs)
-    print(f"{name:28s} {statistics.median(r['gib_s'] for r in rs):.2f} GiB/s, paired {paired:.2f}x the device")
+    print(f"{name:28s} {statistics.median(r['gib_s'] for r in rs):.2f} GiB/s, paired {paired:.2f}x the device, "
+          f"CPU {statistics.median(r.get('cpu_s', 0) for r in rs):.2f} s")
