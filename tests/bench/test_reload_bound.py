@@ -22,3 +22,28 @@ def test_the_bound_names_the_cpu_where_the_step_needed_more_cpu_than_disk_time()
     assert "(each: 0.50, 0.80)" in text  # against the device alone
     assert "(each: 0.80, 0.80)" in text and "larger in 1 of 2 rounds" in text
     assert _reload_bound(rows, {}) == []  # no device probe: no line
+
+
+def test_each_round_is_paired_with_the_mean_of_the_probes_around_it() -> None:
+    from coldstart.bench.pipeline import reload_table
+
+    gib = 1 << 30
+
+    def step(method, cache, rep, seconds):
+        return {"bench": "reload", "method": method, "cache": cache, "rep": rep, "bytes": gib, "seconds": seconds,
+                "wall_seconds": seconds, "canary_s": 0.5, "canary_ok": True, "resident_before": 0.0 if cache == "cold" else 1.0,
+                "detail": {"mode": "map"}}
+
+    def dev(rep, when, gib_s):
+        row = {"method": "device", "cache": "cold", "rep": rep, "bytes": gib, "seconds": 1 / gib_s}
+        return {**row, "when": when} if when else row
+
+    rows = [step("stock", "warm", 0, 2.0), step("auto", "warm", 0, 0.5), dev(0, "before", 2.0),
+            step("stock", "cold", 0, 3.0), step("auto", "cold", 0, 1.0), dev(0, "after", 1.0)]
+    text = "\n".join(reload_table(rows, "bench", ("stock", "auto")))
+    assert "the mean of the two" in text and "median 1.50 GiB/s" in text  # (2.0 + 1.0) / 2
+    assert "in its round: median 0.67×" in text  # 1 GiB at 1.5 GiB/s = 0.67 s, against 1.0 s
+    old = [r for r in rows if r.get("when") != "after"]  # runs before the probe after: one per round
+    for r in old:
+        r.pop("when", None)
+    assert "once per round" in "\n".join(reload_table(old, "bench", ("stock", "auto")))
