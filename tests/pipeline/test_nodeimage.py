@@ -87,3 +87,35 @@ def test_bad_input_is_one_clear_line_and_leaves_no_image(snapshot, tmp_path):
     out = subprocess.run([sys.executable, "-m", "coldstart", "snapshot", "mount", str(tmp_path / "none.erofs"),
                           str(tmp_path / "m")], capture_output=True, text=True)
     assert out.returncode != 0 and "no such image" in out.stderr, out
+
+
+def test_restore_takes_the_image_itself_and_mounts_it_once(snapshot, tmp_path, monkeypatch):
+    """`coldstart restore IMAGE`: the entrypoint mounts the image under the node dir and restores from
+    there; a second look finds that mount instead of mounting again."""
+    import json
+    import signal
+
+    import psutil
+
+    snap, _ = snapshot
+    image = tmp_path / "snap.erofs"
+    nodeimage.pack(snap, image)
+    node = tmp_path / "node"
+    env = {**os.environ, "COLDSTART_NODE_DIR": str(node)}
+    p = subprocess.run([sys.executable, "-m", "coldstart", "restore", str(image), "--no-serve", "--no-fallback"],
+                       capture_output=True, text=True, timeout=600, env=env)
+    assert p.returncode == 0, p.stderr[-2000:]
+    summary = json.loads(p.stdout.strip().splitlines()[-1])
+    try:
+        assert summary["restored"] and summary["canary_ok"], summary
+    finally:
+        server = psutil.Process(summary["pid"])
+        tree = [server, *server.children(recursive=True)]
+        server.send_signal(signal.SIGTERM)
+        psutil.wait_procs(tree, timeout=60)
+    monkeypatch.setenv("COLDSTART_NODE_DIR", str(node))
+    [at] = [d for d in (node / "images").iterdir() if d.is_dir()]
+    assert os.path.ismount(at) and nodeimage.mounted(image) == at  # the same mount, not a second one
+    nodeimage.unmount(at)
+    with pytest.raises(ColdstartError, match="not an image"):
+        nodeimage.mounted(snap / "manifest.json")

@@ -32,8 +32,10 @@ def parser() -> argparse.ArgumentParser:
     env = lambda dest: f" [env {ENV[dest]}]" if dest in ENV else ""  # noqa: E731
     a = p.add_argument
     a("snapshot", nargs="?", default="/snapshot",
-      help="Snapshot directory (made by `coldstart checkpoint`), or a registry reference (host[:port]/repo[:tag], "
-           "pushed by `coldstart push`): mounted lazily, then restored from the mount. Default: /snapshot.")
+      help="Snapshot directory (made by `coldstart checkpoint`), a registry reference (host[:port]/repo[:tag], "
+           "pushed by `coldstart push`: mounted lazily, then restored from the mount), or an image written by "
+           "`coldstart snapshot pack` (mounted read-only under the node dir unless it is already, and left "
+           "mounted). Default: /snapshot.")
     a("--serve", action=argparse.BooleanOptionalAction, default=True,
       help="--no-serve: return once READY, leave the server running.")
     a("--verify", default=os.environ.get(ENV["verify"], "auto"), choices=("auto", "full", "off"),
@@ -95,6 +97,10 @@ def run(args: argparse.Namespace) -> int:
 
     ref = as_reference(args.snapshot)
     snap = mount_point_for(ref) if ref else Path(args.snapshot)
+    if not ref and snap.is_file():  # an image from `coldstart snapshot pack`: restored from its mount
+        from coldstart.pipeline.nodeimage import mounted
+
+        snap = mounted(snap)
     res = restore(RestoreOptions(snapshot=snap, ref=ref, verify="off" if args.no_verify else args.verify,
                                  warm=not args.no_warm, fallback=not args.no_fallback, model=args.model,
                                  timeout=args.timeout, net=args.net, port=args.port, listen=args.listen,

@@ -6,6 +6,8 @@ off those too (results/spot-checks/node-erofs*). The one owner of mkfs.erofs's a
 mount's command lines."""
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
 import subprocess
 import time
@@ -14,6 +16,7 @@ from pathlib import Path
 from coldstart.errors import ColdstartError
 from coldstart.fsutil import fsync_dir, fsync_file
 from coldstart.pipeline.manifest import MANIFEST_NAME, read_manifest
+from coldstart.state import node_dir
 
 # lz4hc decompresses fastest (a cold tiny restore was no slower than from the plain directory);
 # zstd (level 3: mkfs.erofs's own default level compressed the bench model's weights less than
@@ -21,6 +24,7 @@ from coldstart.pipeline.manifest import MANIFEST_NAME, read_manifest
 COMPRESSOR = "lz4hc"
 COMPRESSORS = {"lz4hc": "lz4hc", "lz4": "lz4", "zstd": "zstd,level=3"}
 CLUSTER = 64 << 10  # the physical cluster: a page fault decompresses at most this much
+EROFS_MAGIC, MAGIC_AT = 0xE0F5E1E2, 1024  # the superblock's magic, little-endian, at byte 1024
 
 
 def mkfs_erofs() -> str:
@@ -95,3 +99,33 @@ def unmount(at: Path) -> None:
     if not os.path.ismount(at):
         raise ColdstartError(f"{at} is not a mount point")
     _run(["umount", str(at)], f"unmounting {at}")
+
+
+def is_image(path: Path) -> bool:
+    """Whether ``path`` is an EROFS image (its superblock's magic), e.g. one `snapshot pack` wrote."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(MAGIC_AT)
+            return int.from_bytes(f.read(4), "little") == EROFS_MAGIC
+    except OSError:
+        return False
+
+
+def mounted(image: Path) -> Path:
+    """Where ``image`` is mounted read-only on this node, mounting it first if it is not: one mount
+    point per image (by its path and identity) under the node dir, shared by every restore of it
+    and left mounted after them (a restored server maps its files). What `coldstart restore IMAGE`
+    restores from."""
+    image = Path(image)
+    if not is_image(image):
+        raise ColdstartError(f"{image} is a file but not an image written by `coldstart snapshot pack` "
+                             "(a snapshot is a directory)")
+    st = os.stat(image)
+    key = hashlib.sha256(repr((os.path.realpath(image), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
+                               st.st_ctime_ns)).encode()).hexdigest()[:16]
+    root = node_dir() / "images"
+    root.mkdir(parents=True, exist_ok=True)
+    at = root / key
+    with open(root / ".lock", "w") as lock:  # two restores of one image at once mount it once
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return at if os.path.ismount(at) else mount(image, at)
