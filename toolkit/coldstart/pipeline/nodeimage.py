@@ -20,7 +20,7 @@ from coldstart.state import node_dir
 
 # lz4hc decompresses fastest (a cold tiny restore was no slower than from the plain directory);
 # zstd (level 3: mkfs.erofs's own default level compressed the bench model's weights less than
-# lz4hc) needs mkfs.erofs >= 1.6, which make setup builds (scripts/setup.d/70-erofs-utils.sh).
+# lz4hc) needs mkfs.erofs >= 1.8, which make setup builds (scripts/setup.d/70-erofs-utils.sh).
 COMPRESSOR = "lz4hc"
 COMPRESSORS = {"lz4hc": "lz4hc", "lz4": "lz4", "zstd": "zstd,level=3"}
 CLUSTER = 64 << 10  # the physical cluster: a page fault decompresses at most this much
@@ -58,7 +58,7 @@ def pack(snapshot: Path, image: Path, *, compressor: str = COMPRESSOR, cluster: 
         raise ColdstartError(f"unknown compressor {compressor!r}: choose one of {', '.join(COMPRESSORS)}")
     mkfs = mkfs_erofs()
     if compressor == "zstd" and mkfs == "mkfs.erofs":
-        raise ColdstartError("zstd needs mkfs.erofs >= 1.6, which make setup builds; "
+        raise ColdstartError("zstd needs mkfs.erofs >= 1.8, which make setup builds; "
                              "Debian 12's erofs-utils 1.5 writes lz4hc and lz4 only")
     read_manifest(snapshot)  # one clear line for a missing, partial or damaged snapshot
     if image.exists():
