@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Node stage: build mkfs.erofs 1.8.6 from the pinned upstream tarball, for `coldstart snapshot pack
-# --compressor zstd|lzma`. Debian 12's erofs-utils 1.5 writes lz4 only, which does not compress the
+# --compressor zstd`. Debian 12's erofs-utils 1.5 writes lz4 only, which does not compress the
 # bench model's random bf16 weights (1.02x); the kernel here reads zstd, lzma and deflate images.
 # Built once per (tarball, recipe) into $COLDSTART_CACHE/erofs-utils/<key>/bin/mkfs.erofs, published
 # as $COLDSTART_CACHE/erofs-utils/current; built in a temp dir and renamed, so an interrupted build
