@@ -37,6 +37,20 @@ def test_cpu_spec_argv_and_env(tmp_path):
         assert "uni" not in other.vllm_args() and "VLLM_ENABLE_V1_MULTIPROCESSING" not in other.env_overrides()
 
 
+def test_compile_leftovers_are_only_unheld_precompiled_headers(tmp_path):
+    spec = EngineSpec(model=tmp_path / "m", run_dir=tmp_path / "r")
+    pch = tmp_path / "r" / "tmp" / "torchinductor_root" / "precompiled_headers"
+    (pch / "locks").mkdir(parents=True)
+    for name in ("a.h", "a.h.gch", "b.h", "b.h.gch"):
+        (pch / name).write_bytes(b"x")
+    (pch.parent / "7a").mkdir()
+    (pch.parent / "7a" / "k.main.so").write_bytes(b"x")  # a compiled kernel: never a leftover
+    assert spec.compile_leftovers() == [pch / "a.h.gch", pch / "b.h.gch"]
+    # one the server held open stays (CRIU restores open files by path)
+    assert spec.compile_leftovers(["tmp/torchinductor_root/precompiled_headers/b.h.gch"]) == [pch / "a.h.gch"]
+    assert EngineSpec(model=tmp_path, run_dir=tmp_path / "none").compile_leftovers() == []
+
+
 def test_gpu_spec_uses_vllm_sleep(tmp_path):
     spec = EngineSpec.for_gpu(tmp_path / "m", tmp_path / "r")
     args = spec.vllm_args()

@@ -32,6 +32,7 @@ def test_manifest_is_complete(snapshot):
     for rel, fe in m.files.items():
         assert (snap / rel).stat().st_size == fe.size and fe.xxh3
     assert m.weights.get("flat") in m.files, "the snapshot sleeps at level 2: the weights live in the flat file"
+    assert not [k for k in m.files if k.endswith(".gch")], "torch's precompiled header (~150 MB) is left out"
     from coldstart.pipeline.manifest import code_digest
 
     assert m.coldstart_code == code_digest()  # the code frozen into the image, for stale-snapshot checks

@@ -11,6 +11,13 @@ import os
 from pathlib import Path
 
 
+def cache_root() -> Path:
+    """Where `make setup` and the stages cache what they build or make once per machine (criu
+    builds, the container image's inputs, tiny models, the FUSE daemon, benchmark files);
+    ``COLDSTART_CACHE`` overrides."""
+    return Path(os.environ.get("COLDSTART_CACHE", "/var/cache/coldstart"))
+
+
 def state_dir() -> Path:
     return Path(os.environ.get("COLDSTART_STATE_DIR", "/run/coldstart"))
 

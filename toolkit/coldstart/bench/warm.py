@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Callable
 
 from coldstart.errors import ColdstartError
+from coldstart.models.tiny import model_dir
+from coldstart.state import cache_root
 from coldstart.warm.residency import evict, evict_all, expand_paths, resident_bytes
 
 GiB = 1 << 30
-CACHE = Path(os.environ.get("COLDSTART_CACHE", "/var/cache/coldstart"))
 
 
 # -- device facts
@@ -138,7 +139,7 @@ def drop_caches(files: list[Path] | None = None) -> None:
 def make_bench_file(size_gib: float) -> Path:
     """A weights-sized file of random bytes, made once per machine (warming is content-blind)."""
     size = int(size_gib * GiB) // 4096 * 4096
-    d = CACHE / "bench" / "warm"
+    d = cache_root() / "bench" / "warm"
     d.mkdir(parents=True, exist_ok=True)
     p = d / f"weights-{size}.bin"
     if p.exists() and p.stat().st_size == size:
@@ -489,7 +490,7 @@ def run_issue5_bench(*, size: str, runs: int, out: Path, work: Path, snapshot: P
         from coldstart.models.tiny import make_tiny
         from coldstart.pipeline.checkpoint import CheckpointOptions, checkpoint
 
-        model = CACHE / "models" / f"{size}-seed0"
+        model = model_dir(size, 0)
         if not (model / "config.json").exists():
             make_tiny(model, size=size, seed=0)
         snapshot = work / f"snap-{size}"

@@ -42,11 +42,12 @@ from typing import Any, Callable, Optional
 import typer
 
 from coldstart.errors import ColdstartError
+from coldstart.models.tiny import model_dir as made_model_dir
+from coldstart.state import cache_root
 from coldstart.warm.residency import evict_all
 
 GiB = float(1 << 30)
 MiB = 1 << 20
-CACHE_ROOT = Path(os.environ.get("COLDSTART_CACHE", "/var/cache/coldstart"))
 SCHEMA = "coldstart-bench-load/1"
 
 PEERS = ("fastsafetensors", "runai", "tensorizer")
@@ -537,7 +538,7 @@ def _model_key(model_dir: Path, files: list[Path]) -> str:
 def prepare(model_dir: Optional[Path], size: str, work_dir: Optional[Path], want_tensorizer: bool,
             log: Callable[[str], None]) -> Prepared:
     if model_dir is None:
-        model_dir = CACHE_ROOT / "models" / f"{size}-seed0"
+        model_dir = made_model_dir(size, 0)
         if not (model_dir / "config.json").exists():
             from coldstart.models.tiny import make_tiny
 
@@ -549,7 +550,7 @@ def prepare(model_dir: Optional[Path], size: str, work_dir: Optional[Path], want
     if not st_files:
         raise ColdstartError(f"{model_dir}: no *.safetensors files")
     key = _model_key(model_dir, st_files)
-    work = work_dir or (CACHE_ROOT / "bench-load" / f"{model_dir.name}-{key}")
+    work = work_dir or (cache_root() / "bench-load" / f"{model_dir.name}-{key}")
     work.mkdir(parents=True, exist_ok=True)
     flat_dir = work / "flat"
     from coldstart.weights.format import INDEX_NAME, read_index

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from coldstart.errors import ColdstartError
+from coldstart.state import cache_root
 
 SUITE = "bookworm"
 MIRROR = os.environ.get("COLDSTART_DEBIAN_MIRROR", "http://deb.debian.org/debian")
@@ -44,7 +45,7 @@ Say = Callable[[str], None]
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("COLDSTART_CACHE", "/var/cache/coldstart")) / "containers"
+    return cache_root() / "containers"
 
 
 def _sha(*parts: str) -> str:

@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 from coldstart.errors import ColdstartError
+from coldstart.state import cache_root
 
 VARIANTS = ("patched", "stock")
 MMAP_FLAG = "--mmap-pages"
@@ -20,7 +21,7 @@ MMAP_FLAG = "--mmap-pages"
 
 def criu_cache_dir() -> Path:
     """Where scripts/build-criu installs its builds ($COLDSTART_CACHE/criu)."""
-    return Path(os.environ.get("COLDSTART_CACHE", "/var/cache/coldstart")) / "criu"
+    return cache_root() / "criu"
 
 
 def find_criu(variant: str = "patched") -> Path:

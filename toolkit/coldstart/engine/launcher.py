@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -183,6 +184,17 @@ class EngineSpec:
     def prepare_dirs(self) -> None:
         for sub in ("cache", "rpc", "tmp", "hf"):
             (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
+
+    def compile_leftovers(self, held: Collection[str] = ()) -> list[Path]:
+        """Files of a stopped (dumped) server's run dir that a restored copy does not need: torch
+        inductor's precompiled headers (``*.h.gch``, ~150 MB, 10% of a tiny-model snapshot), a
+        cache for compiling new C++ kernels. The restored server has compiled what it runs, and
+        should it compile again, g++ reads the header they were made from (``-include X.h`` takes
+        X.h.gch only when it exists), which stays. ``held``: paths relative to the run dir that the
+        server held open or mapped (never listed)."""
+        held = set(held)
+        return sorted(p for p in (self.run_dir / "tmp").glob("torchinductor_*/precompiled_headers/*.h.gch")
+                      if p.is_file() and str(p.relative_to(self.run_dir)) not in held)
 
 
 class EngineProcess:

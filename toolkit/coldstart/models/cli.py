@@ -1,16 +1,17 @@
 """`coldstart model ...`: make the self-generated test and benchmark models."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Optional
 
 import typer
 
+from coldstart.models.tiny import model_dir
+
 
 def default_model_dir(size: str, seed: int) -> Path:
     """Where models are cached per machine (the test fixture uses the same place for "tiny")."""
-    return Path(os.environ.get("COLDSTART_CACHE", "/var/cache/coldstart")) / "models" / f"{size}-seed{seed}"
+    return model_dir(size, seed)
 
 
 def make_tiny_command(

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from coldstart.errors import ColdstartError
 from coldstart.fsutil import fsync_dir, fsync_tree
+from coldstart.state import cache_root
 
 
 @dataclass(frozen=True)
@@ -230,10 +231,15 @@ def _same_model(out_dir: Path, size: str, seed: int) -> bool:
     return meta.get("size") == size and meta.get("seed") == seed and (out_dir / "model.safetensors").exists()
 
 
+def model_dir(size: str = "tiny", seed: int = 0) -> Path:
+    """Where this machine keeps a made model: $COLDSTART_CACHE/models/<size>-seed<seed>."""
+    return cache_root() / "models" / f"{size}-seed{seed}"
+
+
 def cached_model(size: str = "tiny", seed: int = 0) -> Path:
     """The machine's copy of a tiny model ($COLDSTART_CACHE/models/<size>-seed<seed>), made on first use:
     what the demo, the benchmarks and the tests share."""
-    out = Path(os.environ.get("COLDSTART_CACHE", "/var/cache/coldstart")) / "models" / f"{size}-seed{seed}"
+    out = model_dir(size, seed)
     if not (out / "config.json").exists():
         make_tiny(out, size=size, seed=seed)
     return out

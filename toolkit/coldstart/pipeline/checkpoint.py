@@ -290,6 +290,13 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
         for name, size in log_sizes.items():
             if (spec.run_dir / name).stat().st_size > size:
                 os.truncate(spec.run_dir / name, size)
+        leftovers = spec.compile_leftovers(run_files)
+        if leftovers:
+            freed = sum(p.stat().st_size for p in leftovers)
+            for p in leftovers:
+                p.unlink()
+            say(f"left out torch's precompiled header{'s' if len(leftovers) > 1 else ''} "
+                f"({freed / 2**20:.0f} MiB): a compile cache the restored server does not read")
         files = inventory(staging, digests=True)
         m = Manifest(
             model=str(model), model_digest=tree_digest(model),

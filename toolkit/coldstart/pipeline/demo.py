@@ -14,15 +14,14 @@ def main() -> int:
 
     from coldstart.engine.client import EngineClient
     from coldstart.engine.launcher import free_port
-    from coldstart.models.tiny import make_tiny
+    from coldstart.models.tiny import make_tiny, model_dir
     from coldstart.pipeline.checkpoint import CheckpointOptions, checkpoint
     from coldstart.pipeline.cold import cold_start
     from coldstart.pipeline.events import EventName, Timeline
     from coldstart.pipeline.restore import RestoreOptions, restore
 
     con = Console()
-    cache = Path(os.environ.get("COLDSTART_CACHE", "/var/cache/coldstart"))
-    model = cache / "models" / "tiny-seed0"
+    model = model_dir("tiny", 0)
     if not (model / "config.json").exists():
         con.print(f"[bold]1/5[/] making the tiny model in {model}")
         make_tiny(model, size="tiny", seed=0)

@@ -16,7 +16,7 @@ from pathlib import Path
 from coldstart.errors import ColdstartError
 from coldstart.fsutil import fsync_dir, fsync_file
 from coldstart.pipeline.manifest import MANIFEST_NAME, read_manifest
-from coldstart.state import node_dir
+from coldstart.state import cache_root, node_dir
 
 # lz4hc decompresses fastest (a cold tiny restore was no slower than from the plain directory);
 # zstd (level 3: mkfs.erofs's own default level compressed the bench model's weights less than
@@ -29,7 +29,7 @@ EROFS_MAGIC, MAGIC_AT = 0xE0F5E1E2, 1024  # the superblock's magic, little-endia
 
 def mkfs_erofs() -> str:
     """make setup's mkfs.erofs 1.8 (it writes zstd) where there is one, else the system's."""
-    built = Path(os.environ.get("COLDSTART_CACHE", "/var/cache/coldstart")) / "erofs-utils/current/bin/mkfs.erofs"
+    built = cache_root() / "erofs-utils/current/bin/mkfs.erofs"
     return str(built) if os.access(built, os.X_OK) else "mkfs.erofs"
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coldstart.errors import ColdstartError
+from coldstart.state import cache_root
 
 DAEMON = "coldstart-lazyfs"
 
@@ -28,12 +29,12 @@ def cache_dir() -> Path:
     """The node's chunk cache: on disk (a tmpfs would hold every chunk twice in memory, once more in
     the page cache). COLDSTART_LAZY_CACHE overrides."""
     return Path(os.environ.get("COLDSTART_LAZY_CACHE")
-                or Path(os.environ.get("COLDSTART_CACHE", "/var/cache/coldstart")) / "lazy-cache")
+                or cache_root() / "lazy-cache")
 
 
 def daemon_binary() -> str:
     exe = os.environ.get("COLDSTART_LAZYFS") or str(
-        Path(os.environ.get("COLDSTART_CACHE", "/var/cache/coldstart")) / "lazyfs" / "current" / DAEMON)
+        cache_root() / "lazyfs" / "current" / DAEMON)
     if not (os.path.isfile(exe) and os.access(exe, os.X_OK)):
         found = shutil.which(DAEMON)
         if not found:

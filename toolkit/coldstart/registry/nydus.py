@@ -24,12 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coldstart.errors import ColdstartError
+from coldstart.state import cache_root
 
 VERSION = "2.2.0"
 
 
 def binary(name: str) -> str:
-    exe = Path(os.environ.get("COLDSTART_CACHE", "/var/cache/coldstart")) / "nydus" / VERSION / "bin" / name
+    exe = cache_root() / "nydus" / VERSION / "bin" / name
     if exe.is_file():
         return str(exe)
     found = shutil.which(name)
