@@ -11,6 +11,12 @@ from pathlib import Path
 from typing import Iterator
 
 
+def identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    """A file's identity for what is cached or recorded about it: the same inode of the same device,
+    unchanged since (size, mtime and ctime; any write or chmod moves ctime)."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def fsync_dir(d: Path) -> None:
     """fsync a directory, so that a rename or a new entry in it survives a crash."""
     fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)

@@ -29,6 +29,7 @@ from typing import Callable
 import xxhash
 
 from coldstart.errors import ColdstartError
+from coldstart.fsutil import identity
 from coldstart.state import node_dir
 
 CHUNK = 4 << 20  # digest granularity: small enough to name where a file is damaged, ~460 per GiB
@@ -127,7 +128,7 @@ def _loop_image(dev: int) -> tuple | None:
         st = os.stat((sysfs / "loop" / "backing_file").read_text().rstrip("\n"))
     except (OSError, ValueError):
         return None  # not a loop device, or its image is gone or out of sight
-    return ("loop-image", st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    return ("loop-image", *identity(st))
 
 
 class NodeRecord:

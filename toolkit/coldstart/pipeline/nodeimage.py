@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from coldstart.errors import ColdstartError
-from coldstart.fsutil import fsync_dir, fsync_file
+from coldstart.fsutil import fsync_dir, fsync_file, identity
 from coldstart.pipeline.manifest import MANIFEST_NAME, read_manifest
 from coldstart.state import cache_root, node_dir
 
@@ -121,8 +121,7 @@ def mounted(image: Path) -> Path:
         raise ColdstartError(f"{image} is a file but not an image written by `coldstart snapshot pack` "
                              "(a snapshot is a directory)")
     st = os.stat(image)
-    key = hashlib.sha256(repr((os.path.realpath(image), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
-                               st.st_ctime_ns)).encode()).hexdigest()[:16]
+    key = hashlib.sha256(repr((os.path.realpath(image), *identity(st))).encode()).hexdigest()[:16]
     root = node_dir() / "images"
     root.mkdir(parents=True, exist_ok=True)
     at = root / key
