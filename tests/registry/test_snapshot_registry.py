@@ -40,6 +40,45 @@ def test_pulled_snapshot_restores_and_serves(registry, tiny_snapshot, tmp_path, 
         r.stop()
 
 
+def test_pull_pack_keeps_an_image_that_restores_with_nothing_to_hash(registry, tiny_snapshot, tmp_path, monkeypatch):
+    """`coldstart pull REF IMAGE --pack`: no directory left, an image that the node mounted and checked,
+    a restore from it that hashes nothing; bad input is one line and leaves no image."""
+    import json
+    import subprocess
+    import sys
+
+    from coldstart.pipeline import nodeimage
+
+    ref = f"{registry.host}/snapshots/tiny-packed:v1"
+    artifact.push(tiny_snapshot.out, ref)
+    monkeypatch.setenv("COLDSTART_NODE_DIR", str(tmp_path / "node"))  # nothing verified on this "node"
+    image = tmp_path / "pulled" / "tiny.erofs"
+    p = subprocess.run([sys.executable, "-m", "coldstart", "pull", ref, str(image), "--pack"],
+                       capture_output=True, text=True, env=dict(os.environ), timeout=600)
+    assert p.returncode == 0, p.stderr[-1500:]
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    assert res["checked"] and nodeimage.is_image(image)
+    assert sorted(x.name for x in image.parent.iterdir()) == ["tiny.erofs"]  # the pulled directory is gone
+    at = nodeimage.mounted(image)
+    try:
+        assert str(at) == res["mounted_at"]
+        r = restore(RestoreOptions(snapshot=at, fallback=False, port=free_port()), say=lambda s: None)
+        try:
+            assert r.restored and r.canary_ok, r.fallback_reason
+            v = r.timeline.get("VERIFIED").attrs
+            assert v["checked"] == 0 and v["skipped"] > 0, v
+        finally:
+            r.stop()
+    finally:
+        nodeimage.unmount(at)
+    for argv, needle in [([ref, str(image), "--pack"], "exists"),
+                         ([ref, str(tmp_path / "x.erofs"), "--pack", "--compressor", "lzma"], "unknown compressor")]:
+        p = subprocess.run([sys.executable, "-m", "coldstart", "pull", *argv], capture_output=True, text=True,
+                           env=dict(os.environ), timeout=120)
+        assert p.returncode != 0 and needle in p.stderr.strip().splitlines()[-1], p.stderr[-800:]
+    assert not (tmp_path / "x.erofs").exists() and sorted(x.name for x in image.parent.iterdir()) == ["tiny.erofs"]
+
+
 def test_restore_from_a_registry_reference_on_an_emptied_node(registry, tiny_snapshot, tmp_path, monkeypatch):
     """Mount (lazy, prefetch of the profiled chunks) → mmap restore from the mount → canary; after
     the first token the daemon fetches the rest; the mount goes with the server."""

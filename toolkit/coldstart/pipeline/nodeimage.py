@@ -33,6 +33,17 @@ def mkfs_erofs() -> str:
     return str(built) if os.access(built, os.X_OK) else "mkfs.erofs"
 
 
+def _mkfs_for(compressor: str) -> str:
+    """The mkfs.erofs that writes ``compressor``; one clear line where none here does."""
+    if compressor not in COMPRESSORS:
+        raise ColdstartError(f"unknown compressor {compressor!r}: choose one of {', '.join(COMPRESSORS)}")
+    mkfs = mkfs_erofs()
+    if compressor == "zstd" and mkfs == "mkfs.erofs":
+        raise ColdstartError("zstd needs mkfs.erofs >= 1.8, which make setup builds; "
+                             "Debian 12's erofs-utils 1.5 writes lz4hc and lz4 only")
+    return mkfs
+
+
 def allocated_bytes(root: Path) -> int:
     """What the files under ``root`` take on its disk (their blocks: holes not counted)."""
     return sum(os.lstat(os.path.join(d, f)).st_blocks * 512 for d, _, fs in os.walk(root) for f in fs)
@@ -54,12 +65,7 @@ def pack(snapshot: Path, image: Path, *, compressor: str = COMPRESSOR, cluster: 
     """Write ``snapshot`` into the EROFS image ``image`` (staged beside it, fsynced, renamed: a
     killed pack leaves no image). Returns its bytes, the snapshot's and the seconds it took."""
     snapshot, image = Path(snapshot), Path(image)
-    if compressor not in COMPRESSORS:
-        raise ColdstartError(f"unknown compressor {compressor!r}: choose one of {', '.join(COMPRESSORS)}")
-    mkfs = mkfs_erofs()
-    if compressor == "zstd" and mkfs == "mkfs.erofs":
-        raise ColdstartError("zstd needs mkfs.erofs >= 1.8, which make setup builds; "
-                             "Debian 12's erofs-utils 1.5 writes lz4hc and lz4 only")
+    mkfs = _mkfs_for(compressor)
     read_manifest(snapshot)  # one clear line for a missing, partial or damaged snapshot
     if image.exists():
         raise ColdstartError(f"{image} exists: remove it or choose another path")
@@ -128,3 +134,48 @@ def mounted(image: Path) -> Path:
     with open(root / ".lock", "w") as lock:  # two restores of one image at once mount it once
         fcntl.flock(lock, fcntl.LOCK_EX)
         return at if os.path.ismount(at) else mount(image, at)
+
+
+def pull_image(ref: str, image: Path, *, compressor: str = COMPRESSOR, threads: int = 4,
+               say=lambda s: None) -> dict:
+    """`coldstart pull --pack`: a snapshot from a registry kept on this node as an image, never as a
+    directory. It is pulled into a staging directory beside ``image`` (every chunk checked), packed,
+    and the directory removed, so the disk holds both only while packing. The image is then mounted
+    under the node dir, as `coldstart restore IMAGE` would, and its files checked there against the
+    snapshot's manifest; the node records that check, so the image's first restore hashes nothing.
+    Where the image cannot be mounted here (no right to mount), that check is the first restore's."""
+    import shutil
+
+    from coldstart.pipeline import integrity
+    from coldstart.registry.artifact import pull
+
+    image = Path(image)
+    _mkfs_for(compressor)  # before a download it could not pack
+    if image.exists():
+        raise ColdstartError(f"{image} exists: remove it or choose another path")
+    work = image.parent / f".{image.name}.pull-{os.getpid()}"
+    shutil.rmtree(work, ignore_errors=True)
+    try:
+        res = pull(ref, work, threads=threads, say=say)
+        read_manifest(work)  # a tree that is not a snapshot is refused before packing it
+        say(f"packing into {image} ({compressor})")
+        st = pack(work, image, compressor=compressor)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    out = {"image": str(image), "manifest_digest": res.manifest_digest, "files": res.files, "bytes": res.bytes,
+           "image_bytes": st["bytes"], "pull_seconds": res.seconds, "pack_seconds": st["seconds"], "checked": False}
+    try:
+        at = mounted(image)
+    except ColdstartError as e:
+        say(f"not checked on this node ({e}): the image's first restore checks every file")
+        return out
+    try:
+        integrity.verify(at, read_manifest(at).files, mode="full")
+    except integrity.IntegrityError:
+        try:
+            unmount(at)
+        except ColdstartError:
+            pass
+        image.unlink(missing_ok=True)
+        raise
+    return {**out, "mounted_at": str(at), "checked": True}

@@ -71,12 +71,27 @@ def push_command(
 
 def pull_command(
     ref: str = typer.Argument(..., help="host[:port]/repo[:tag][@sha256:...]"),
-    dest: Path = typer.Argument(..., help="directory to create (must not exist)"),
+    dest: Path = typer.Argument(..., help="directory to create (must not exist); with --pack, the image file"),
     threads: int = typer.Option(4, "--threads", help="parallel pack downloads"),
+    pack: bool = typer.Option(False, "--pack", help="keep the snapshot as a compressed read-only image at DEST "
+                                                    "(as `coldstart snapshot pack` writes; `coldstart restore DEST` "
+                                                    "mounts it), not as a directory"),
+    compressor: str = typer.Option("lz4hc", "--compressor", help="with --pack: lz4hc (fastest restore) | zstd "
+                                                                 "(smallest; a slower cold restore) | lz4"),
 ) -> None:
     """Download REF into DEST: every chunk checked against its BLAKE3 digest and every pack against its
     sha256; DEST appears only once all of it is verified and on disk. A snapshot is then checked
-    against its manifest's digests too, and this node records it (its first restore skips the check)."""
+    against its manifest's digests too, and this node records it (its first restore skips the check).
+    With --pack the snapshot is packed into the image DEST and the pulled directory removed; the image
+    is mounted under the node dir and checked there."""
+    if pack:
+        from coldstart.pipeline.nodeimage import pull_image
+
+        res = pull_image(ref, dest, compressor=compressor, threads=threads, say=_say)
+        _say(f"{dest}: {res['image_bytes'] / 2**20:.0f} MiB for {res['bytes'] / 2**20:.0f} MiB pulled"
+             + (f", checked and mounted at {res['mounted_at']}" if res["checked"] else ""))
+        typer.echo(json.dumps(res))
+        return
     from coldstart.registry.artifact import pull
 
     res = pull(ref, dest, threads=threads, say=_say)
