@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Callable
 
 from coldstart.errors import ColdstartError
-from coldstart.models.tiny import model_dir
 from coldstart.state import cache_root
 from coldstart.warm.residency import evict, evict_all, expand_paths, resident_bytes
 
@@ -487,12 +486,10 @@ def run_issue5_bench(*, size: str, runs: int, out: Path, work: Path, snapshot: P
     from coldstart.warm.profile import PROFILE_NAME
 
     if snapshot is None:
-        from coldstart.models.tiny import make_tiny
+        from coldstart.models.tiny import cached_model
         from coldstart.pipeline.checkpoint import CheckpointOptions, checkpoint
 
-        model = model_dir(size, 0)
-        if not (model / "config.json").exists():
-            make_tiny(model, size=size, seed=0)
+        model = cached_model(size)
         snapshot = work / f"snap-{size}"
         stale = _stale_snapshot(snapshot)
         if stale:

@@ -26,7 +26,7 @@ from typing import Any, Callable
 from coldstart.errors import ColdstartError
 from coldstart.matrix.spec import Experiment, ModelSpec, Variant
 from coldstart.metrics.timelines import outcome_of, read_timelines
-from coldstart.models.tiny import model_dir
+from coldstart.models.tiny import cached_model
 from coldstart.pipeline.events import EventName, Timeline
 from coldstart.state import cache_root
 
@@ -189,12 +189,7 @@ def resolve_model(m: ModelSpec) -> Path:
         if not (p / "config.json").is_file():
             raise ColdstartError(f"model {m.name}: {p} is not a model directory (no config.json)")
         return p
-    out = model_dir(m.make, m.seed)
-    if not (out / "config.json").exists():
-        from coldstart.models.tiny import make_tiny
-
-        make_tiny(out, size=str(m.make), seed=m.seed)
-    return out
+    return cached_model(str(m.make), m.seed)
 
 
 def _kill_tree(pid: int, grace: float = 10.0) -> None:

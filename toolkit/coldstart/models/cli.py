@@ -9,11 +9,6 @@ import typer
 from coldstart.models.tiny import model_dir
 
 
-def default_model_dir(size: str, seed: int) -> Path:
-    """Where models are cached per machine (the test fixture uses the same place for "tiny")."""
-    return model_dir(size, seed)
-
-
 def make_tiny_command(
     size: str = typer.Option("tiny", "--size", help="tiny (~7 MB, tests) or bench (~1.3 GiB, benchmarks)"),
     seed: int = typer.Option(0, "--seed", help="everything (tokenizer, weights) is deterministic from it"),
@@ -25,7 +20,7 @@ def make_tiny_command(
 
     from coldstart.models.tiny import make_tiny
 
-    out = out or default_model_dir(size, seed)
+    out = out or model_dir(size, seed)
     console = Console(stderr=True)
     with console.status(f"making {size} model (seed {seed}) at {out}"):
         path = make_tiny(out, size=size, seed=seed, overwrite=overwrite)

@@ -157,7 +157,6 @@ def pull_image(ref: str, image: Path, *, compressor: str = COMPRESSOR, threads: 
     shutil.rmtree(work, ignore_errors=True)
     try:
         res = pull(ref, work, threads=threads, say=say)
-        read_manifest(work)  # a tree that is not a snapshot is refused before packing it
         say(f"packing into {image} ({compressor})")
         st = pack(work, image, compressor=compressor)
     finally:
