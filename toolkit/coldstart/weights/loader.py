@@ -1087,3 +1087,159 @@ def verify_flat(flat: Path | str, *, threads: int = 4, progress: Progress | None
         os.close(fd)
     order = [e.name for e in index.tensors if e.name in bad]
     return index, [bad[n] for n in order]
+
+
+class SpanStream:
+    """Named byte ranges of a file read with O_DIRECT, in file order, into a ring of page-aligned
+    memory, ahead of consumers that each take a landed range (``take``), use it, and give its room
+    back (``done``). Why: a consumer that only reads the bytes once (the engine's prepack, which
+    builds its own packed copy) needs neither the page cache nor a destination that stays: the disk
+    DMAs into memory that is reused, so no page is inserted, mapped or zero-filled per byte read.
+
+    ``ranges``: (key, offset, nbytes), offsets block-aligned; the ring holds at least the largest.
+    Reads go ``step`` bytes at a time from ``threads`` readers (the O_DIRECT defaults: 8 x 1 MiB,
+    fio's best shape here). A failed read is raised by ``take`` on every consumer."""
+
+    def __init__(self, path: Path | str, ranges: list[tuple[Any, int, int]], *, ring: int = 256 << 20,
+                 threads: int | None = None, step: int | None = None):
+        self.path = str(path)
+        self.ranges = [(k, o, n) for k, o, n in ranges if n]
+        if any(o % DIRECT_IO_ALIGN for _, o, _ in self.ranges):
+            raise ColdstartError(f"{self.path}: a range does not start on a {DIRECT_IO_ALIGN}-byte boundary")
+        self.step = step or default_read_bytes("cpu", o_direct=True)
+        biggest = max((align_up(n, DIRECT_IO_ALIGN) for _, _, n in self.ranges), default=DIRECT_IO_ALIGN)
+        self.size = align_up(max(ring, biggest), 2 << 20)
+        self.threads = max(1, threads or default_threads("cpu", o_direct=True))
+        self.bytes = sum(n for _, _, n in self.ranges)
+        self.read_s = 0.0
+        self._cond = threading.Condition()
+        self._next = 0  # the range the readers are on, and its next piece
+        self._piece = 0
+        self._at: dict[int, int] = {}  # range -> its place in the ring
+        self._left: dict[int, int] = {}  # range -> pieces still being read
+        self._held: deque[list] = deque()  # [start, end, given back] in the order they were placed
+        self._head = 0
+        self._landed: deque[int] = deque()
+        self._taken = 0
+        self._error: BaseException | None = None
+        self._fd = -1
+        self._buf: mmap.mmap | None = None
+        self._readers: list[threading.Thread] = []
+
+    def __enter__(self) -> "SpanStream":
+        try:
+            self._fd = os.open(self.path, os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC)
+        except OSError as e:
+            raise ColdstartError(f"cannot open {self.path} with O_DIRECT: {e.strerror or e}") from None
+        self._buf = _aligned_buffer(self.size)
+        try:  # few faults for the ring (huge pages where the kernel has them on request)
+            self._buf.madvise(mmap.MADV_HUGEPAGE)
+        except (AttributeError, OSError):
+            pass
+        self._view = memoryview(self._buf)
+        self._readers = [threading.Thread(target=self._reader, name=f"cs-stream-{i}", daemon=True)
+                         for i in range(self.threads)]
+        for th in self._readers:
+            th.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with self._cond:
+            if self._error is None and self._taken < len(self.ranges):
+                self._error = _Stopped()
+            self._cond.notify_all()
+        for th in self._readers:
+            th.join()
+        os.close(self._fd)
+        try:
+            self._view.release()
+            self._buf.close()
+        except BufferError:  # a consumer still holds a view: the ring goes when it does
+            pass
+
+    def _place(self, n: int) -> int | None:
+        """Room for ``n`` bytes after the newest range placed (wrapping to the start), or None."""
+        oldest = self._held[0][0] if self._held else None
+        head = self._head
+        if oldest is None:
+            return 0
+        if head > oldest:  # free: [head, size) and [0, oldest)
+            if head + n <= self.size:
+                return head
+            return 0 if n <= oldest else None
+        return head if head + n <= oldest else None
+
+    def _reader(self) -> None:
+        widen_thread()
+        while True:
+            with self._cond:
+                while True:
+                    if self._error is not None or self._next >= len(self.ranges):
+                        return
+                    i = self._next
+                    if i in self._at:
+                        break
+                    n = align_up(self.ranges[i][2], DIRECT_IO_ALIGN)
+                    start = self._place(n)
+                    if start is not None:
+                        self._at[i] = start
+                        self._left[i] = -(-n // self.step)
+                        self._held.append([start, start + n, False])
+                        self._head = start + n
+                        break
+                    self._cond.wait()
+                k = self._piece
+                self._piece += 1
+                n_pieces = -(-align_up(self.ranges[i][2], DIRECT_IO_ALIGN) // self.step)
+                if self._piece >= n_pieces:
+                    self._next, self._piece = i + 1, 0
+            key, off, nbytes = self.ranges[i]
+            lo = k * self.step
+            hi = min(align_up(nbytes, DIRECT_IO_ALIGN), lo + self.step)
+            at = self._at[i]
+            t = time.perf_counter()
+            try:
+                _preadv_full(self._fd, [self._view[at + lo:at + hi]], off + lo, lambda: repr(key),
+                             need=max(0, min(hi, nbytes) - lo))
+            except BaseException as e:  # noqa: BLE001 - raised by take() on the consumers' threads
+                with self._cond:
+                    self._error = self._error or e
+                    self._cond.notify_all()
+                return
+            dt = time.perf_counter() - t
+            with self._cond:
+                self.read_s += dt
+                self._left[i] -= 1
+                if not self._left[i]:
+                    self._landed.append(i)
+                    self._cond.notify_all()
+
+    def take(self) -> tuple[Any, memoryview, int] | None:
+        """The next landed range (key, its bytes, a token for ``done``), or None once every range
+        has been taken. Raises the readers' error."""
+        with self._cond:
+            while True:
+                if self._error is not None and not isinstance(self._error, _Stopped):
+                    raise self._error
+                if self._landed:
+                    i = self._landed.popleft()
+                    self._taken += 1
+                    at = self._at[i]
+                    return self.ranges[i][0], self._view[at:at + self.ranges[i][2]], i
+                if self._taken >= len(self.ranges) or self._error is not None:
+                    return None
+                self._cond.wait()
+
+    def done(self, token: int) -> None:
+        """The consumer is through with range ``token``: its room may be read into again."""
+        with self._cond:
+            start = self._at.pop(token)
+            for h in self._held:
+                if h[0] == start and not h[2]:
+                    h[2] = True
+                    break
+            while self._held and self._held[0][2]:
+                self._held.popleft()
+            if not self._held:
+                self._head = 0
+            self._cond.notify_all()
