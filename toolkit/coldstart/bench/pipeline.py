@@ -55,8 +55,7 @@ METHODS = ("stock", "copy", "map", "auto")  # auto: what `coldstart restore` use
 DEFAULT_RELOAD = "auto"
 # ours: the worker's coldstart_reload arguments of each method (copy: the loader chooses O_DIRECT or not)
 RELOAD_KW = {"copy": {"mode": "copy"}, "map": {"mode": "map"}, "auto": {"mode": "auto"},
-             "copy-odirect": {"mode": "copy", "direct": True}, "copy-buffered": {"mode": "copy", "direct": False},
-             "stream": {"mode": "stream"}}
+             "copy-odirect": {"mode": "copy", "direct": True}, "copy-buffered": {"mode": "copy", "direct": False}}
 ALL_RELOAD_METHODS = ("stock", *RELOAD_KW)
 
 
@@ -259,8 +258,7 @@ def bench_reload(
                            "detail": {k: v for k, v in r0.items() if k in (
                                "mode", "map_s", "populate_s", "copied_tensors", "threads", "read_s", "o_direct",
                                "direct_choice", "auto_choice", "reader_cpus", "prepack_s", "prepacked_linears",
-                               "prepack_overlapped", "prepack_waited_s", "streamed_bytes", "stream_read_s",
-                               "own_copy_checked", "repacked_from_mapping", "stream_refused", "error")}}
+                               "prepack_overlapped", "prepack_waited_s")}}
                     rows.append(row)
                     print(json.dumps(row), file=sys.stderr, flush=True)
                     if cache == "cold" and method == DEFAULT_RELOAD:

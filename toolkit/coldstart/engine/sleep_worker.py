@@ -104,7 +104,7 @@ def release_tensors(tensors: Iterable[torch.Tensor]) -> tuple[int, int]:
     return total, released
 
 
-RELOAD_MODES = ("auto", "map", "copy", "stream")
+RELOAD_MODES = ("auto", "map", "copy")
 
 
 def default_reload_mode() -> str:
@@ -320,29 +320,6 @@ def holds_own_copy(layer: torch.nn.Module) -> bool:
     return bool(layer.cpu_linear(torch.ones((1, k), dtype=layer.weight.dtype), layer.weight, None).any())
 
 
-_OWN_COPY: dict[tuple, bool] = {}  # (CPU identity, weight shape, dtype) -> a handle holds its own copy
-
-
-def _cpu_identity() -> str:
-    """The CPU's model and flags: which kernel a handle's shape gets, and so whether it holds its own
-    copy, depends on them (a restored process may run on another host)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            text = f.read(16384)
-    except OSError:
-        return ""
-    keep = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags"))][:2]
-    return "\n".join(keep)
-
-
-@torch.inference_mode()
-def _handle_owns_copy(layer) -> bool:
-    """``holds_own_copy`` for a handle just built from a scratch weight: the scratch zeroed, does the
-    handle still compute from a copy of its own?"""
-    layer.weight.zero_()
-    return holds_own_copy(layer)
-
-
 @torch.inference_mode()
 def unpack_weight(layer: torch.nn.Module, block: int = 512) -> torch.Tensor:
     """A packed layer's plain weight, rebuilt from its handle: a GEMM against the identity, I @ W^T,
@@ -411,22 +388,19 @@ class ColdstartRPCMixin:
         arena = self._cs_arena
         return {} if arena is None else {arena.addr + s.offset: s.name for s in arena.spans if s.inplace}
 
-    def _cs_handle_weights(self, layers: list[torch.nn.Module] | None = None) -> dict[str, torch.nn.Module]:
+    def _cs_handle_weights(self) -> dict[str, torch.nn.Module]:
         """The weight arena's spans whose only reader is a packed handle, each with its layer: what
         a weights file may leave out while those handles live. Only linear layers and the LM head
         compute through their handle alone: an embedding gets one too (vLLM's embedding method
         dispatches like a linear layer) but looks its rows up in the weight; and a weight another
-        module also reads (an embedding tied to the LM head) is not one of them either. ``layers``:
-        the layers to consider (default: those serving through a handle now)."""
+        module also reads (an embedding tied to the LM head) is not one of them either."""
         from vllm.model_executor.layers.linear import LinearBase
         from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 
         at = self._cs_span_at()
         if not at:
             return {}
-        if layers is None:
-            layers = packed_linears()
-        layers = [layer for layer in layers if isinstance(layer, (LinearBase, ParallelLMHead))]
+        layers = [layer for layer in packed_linears() if isinstance(layer, (LinearBase, ParallelLMHead))]
         packed = {id(layer) for layer in layers}
         read = set()  # storages something other than a handle reads
         for mod in self._cs_model().modules():
@@ -528,14 +502,6 @@ class ColdstartRPCMixin:
         if left_out:  # only kept handles can stand for those weights, and these cannot
             log.warning("coldstart reload refused: %s", left_out)
             return {"mode": mode, "error": f"reload refused: {left_out}", "flat": str(flat)}
-        stream_refused = None
-        if mode == "stream":
-            out, stream_refused = self._cs_reload_streamed(flat, bool(decode_arg(verify)), int(decode_arg(populate_threads)),
-                                                           decode_arg(prepack_threads))
-            if out is not None:
-                return out
-            log.info("coldstart reload: stream refused (%s); mapping instead", stream_refused)
-            mode = "map"
         refused = None
         auto_choice = ""
         frac = None
@@ -576,8 +542,6 @@ class ColdstartRPCMixin:
                     if not side:
                         out.update(self._cs_prepack(decode_arg(prepack_threads), source=index))
                     out.update({"seconds_rpc": round(time.perf_counter() - t0, 6), "flat": str(flat)})
-                    if stream_refused:
-                        out["stream_refused"] = stream_refused
                     if frac is not None:
                         out["resident_at_start"] = round(frac, 3)  # of the weights file, when the reload began
                     if auto_choice:
@@ -665,117 +629,6 @@ class ColdstartRPCMixin:
             raise result["error"]
         packed["prepack_overlapped"] = True
         return result["stats"], packed
-
-    def _cs_reload_streamed(self, flat: Path, verify: bool, populate_threads: int,
-                            pack_threads: Any) -> tuple[dict | None, str | None]:
-        """A reload whose packing reads the linear weights straight from the disk: the flat file is
-        mapped over the arena with those weights left unread (``map_file(skip=...)``, as for kept
-        handles), the rest (embeddings, norms) populated in the background, and each linear weight
-        read with O_DIRECT into a reused ring (weights.loader.SpanStream) and packed from there by
-        vLLM's own dispatch. Why: where the handles hold their own copy, the plain weight is read
-        once, by the packing; through the page cache that read also inserts, maps and later drops
-        every page, CPU the packing needs on a 2-core host. A handle that turns out to read its
-        weight where it lies (``_handle_owns_copy``) is packed again from the mapped file.
-        (result, None), or (None, why not) for the caller to map instead."""
-        from types import SimpleNamespace
-
-        from coldstart.errors import ColdstartError
-        from coldstart.weights.format import read_index
-        from coldstart.weights.loader import SpanStream, direct_refused
-
-        arena = self._cs_arena
-        if arena is None:
-            return None, "no weight arena in this worker"
-        if verify:
-            return None, "verify reads every byte through the mapping"
-        if not handles_hold_copies():
-            return None, "the layers do not serve from packed copies of their weights"
-        t0 = time.perf_counter()
-        try:
-            index = read_index(flat)
-        except ColdstartError as e:
-            return None, str(e)
-        refused = direct_refused(index.data_file)
-        if refused:
-            return None, f"O_DIRECT refused on {index.data_file}: {refused}"
-        handles = self._cs_handle_weights(list(_LINEARS))
-        by_name = {s.name: s for s in arena.spans}
-        if not handles or any(by_name[n].offset % PAGE for n in handles):
-            return None, "no linear weight to stream" if not handles else "a linear weight is not page-aligned"
-        try:
-            out = arena.map_file(index, threads=populate_threads, skip=set(handles), populate="background")
-        except ColdstartError as e:
-            if arena.mapped:
-                arena.release()
-            return None, str(e)
-        ranges = sorted(((n, by_name[n].offset, by_name[n].nbytes) for n in handles), key=lambda r: r[1])
-        rest = [layer for layer in list(_LINEARS) if layer not in handles.values()]
-        threads = max(1, int(pack_threads) if pack_threads else prepack_threads())
-        cpu = _cpu_identity()
-        repacked: list[str] = []
-        checked = [0]
-        lock = threading.Lock()
-        t_pack = time.perf_counter()
-        self._cs_packed_from, self._cs_absent = None, frozenset()
-
-        def pack_streamed(stream: SpanStream, first: list) -> None:
-            widen_thread()
-            for layer in first:  # the layers the stream does not carry (embeddings): from the mapping
-                arena.populate_tensor(layer.weight)
-                _ORIG_DISPATCH(layer, False)
-            while (item := stream.take()) is not None:
-                name, view, token = item
-                layer = handles[name]
-                w = layer.weight
-                src = torch.frombuffer(view, dtype=w.dtype).view(w.shape)
-                proxy = SimpleNamespace(weight=src, bias=getattr(layer, "bias", None))
-                _ORIG_DISPATCH(proxy, False)
-                key = (cpu, tuple(w.shape), w.dtype)
-                owns = _OWN_COPY.get(key)
-                if owns is None:
-                    owns = _handle_owns_copy(proxy)
-                    with lock:
-                        _OWN_COPY[key] = owns
-                        checked[0] += 1
-                del src
-                stream.done(token)
-                if owns:
-                    layer.cpu_linear = proxy.cpu_linear
-                else:  # the handle reads the ring: pack again from the mapped file
-                    arena.populate_tensor(w)
-                    _ORIG_DISPATCH(layer, False)
-                    with lock:
-                        repacked.append(name)
-
-        try:
-            with SpanStream(index.data_file, ranges, threads=int(os.environ.get("CS_STREAM_THREADS", "0")) or None,
-                            step=int(os.environ.get("CS_STREAM_STEP", "0")) or None) as stream:
-                from concurrent.futures import ThreadPoolExecutor
-
-                with ThreadPoolExecutor(threads, thread_name_prefix="coldstart-prepack") as ex:
-                    futs = [ex.submit(pack_streamed, stream, rest if i == 0 else []) for i in range(threads)]
-                    for f in futs:
-                        f.result()
-                read_s, streamed = stream.read_s, stream.bytes
-            populate_s = arena.wait_populated()
-        except ColdstartError as e:
-            # the layers may hold handles of a half-read file: none of them may serve
-            unpack_linears()
-            arena.release()
-            log.warning("coldstart reload: stream failed: %s", e)
-            return {"mode": "stream", "error": f"stream reload failed: {e} (reload again before serving)",
-                    "flat": str(flat)}, None
-        t1 = time.perf_counter()
-        self._cs_packed_from = index_identity(index)
-        self._cs_saved_buffers = {}
-        out.update({"mode": "stream", "streamed_bytes": streamed, "stream_read_s": round(read_s, 6),
-                    "populate_s": round(populate_s, 6), "prepacked_linears": len(handles) + len(rest),
-                    "prepack_s": round(t1 - t_pack, 6), "prepack_threads": threads, "prepack_overlapped": True,
-                    "own_copy_checked": checked[0], "seconds": round(t1 - t0, 6),
-                    "seconds_rpc": round(t1 - t0, 6), "flat": str(flat)})
-        if repacked:
-            out["repacked_from_mapping"] = repacked
-        return out, None
 
     def _cs_reload_kept(self, flat: Path, kept: str, populate_threads: int) -> dict | None:
         """The reload after a restore whose packed handles were kept through the checkpoint: the
