@@ -6,8 +6,8 @@ device, and beside the two packing threads at 0.75-0.97x (results/spot-checks/re
 after each read the populating thread must wait for a core the packing holds, and nice 10 or 19
 for the packing did not change that. Variants: ``idle``: the packing threads run as SCHED_IDLE
 (any normal thread preempts them at once on waking); ``fifo``: the populating threads run as
-SCHED_FIFO 1 (root); ``idle+fifo`` both; ``default`` neither. ``coldstart_reload``'s
-``prepack_sched`` and ``populate_sched`` exist for this script.
+SCHED_FIFO 1 (root); ``idle+fifo`` both; ``default`` neither. Runs against commit ba91525: ``coldstart_reload``'s
+``prepack_sched`` and ``populate_sched`` existed for this script only and were removed after it.
 
 Usage: .venv/bin/python experiments/reload_sched.py OUT_DIR [REPS] [VARIANT ...]
 Bench model; one server; per round: the device limit by fio, then each variant once, interleaved

@@ -189,7 +189,7 @@ class WeightArena:
     # --- the two operations
     def map_file(self, index: FlatIndex, *, threads: int = 4, verify: bool = False,
                  piece: int = 64 << 20, willneed: bool = True, populate: str = "now",
-                 skip: frozenset[str] | set[str] = frozenset(), sched: str = "") -> dict:
+                 skip: frozenset[str] | set[str] = frozenset()) -> dict:
         """Map the flat file over the arena (after ``check_index``), populate it, copy the tensors
         left in place out of it. Returns timings. Raises ColdstartError on any failure.
         ``populate`` "background": the populating threads are left running (``wait_populated``):
@@ -237,11 +237,6 @@ class WeightArena:
         lock = threading.Lock()
 
         def work() -> None:
-            if sched == "fifo":
-                try:
-                    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
-                except OSError:
-                    pass
             while True:
                 with lock:
                     if not ranges:

@@ -231,7 +231,7 @@ def prepack_threads() -> int:
     return max(1, min(8, len(online_cpus())))
 
 
-def prepack_linears(threads: int | None = None, touch=None, sched: str = "") -> tuple[int, float, int, float]:
+def prepack_linears(threads: int | None = None, touch=None) -> tuple[int, float, int, float]:
     """vLLM's prepacked GEMM handle for every linear layer, from its weight as it is now (vLLM's
     dispatch with remove_weight=False: the tensor stays, for the next sleep and reload). Returns
     (layers, seconds, threads used, thread-seconds spent in ``touch``).
@@ -270,11 +270,6 @@ def prepack_linears(threads: int | None = None, touch=None, sched: str = "") -> 
 
     def pack_wide(layer) -> None:
         widen_thread()
-        if sched == "idle":
-            try:
-                os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-            except OSError:
-                pass
         pack(layer)
 
     with ThreadPoolExecutor(n, thread_name_prefix="coldstart-prepack") as ex:
@@ -484,7 +479,7 @@ class ColdstartRPCMixin:
     def coldstart_reload(self, path: str | None = None, threads: Any = None, verify: Any = False,
                          direct: Any = None, chunk_bytes: Any = None, buffers: Any = None,
                          mode: Any = None, populate_threads: Any = 4, prepack_threads: Any = None,
-                         overlap: Any = None, prepack_sched: Any = "", populate_sched: Any = "") -> dict:
+                         overlap: Any = None) -> dict:
         """Refill every parameter and buffer from a flat dump (``mode``: map | copy | auto, see the
         module docstring); returns the stats. ``path`` defaults to the flat dir found for the served
         model (see plugin.find_flat_dir). ``overlap`` (map mode): prepack while the populating
@@ -534,11 +529,10 @@ class ColdstartRPCMixin:
                 try:
                     index = read_index(flat)
                     out = self._cs_arena.map_file(index, threads=int(decode_arg(populate_threads)),
-                                                  verify=check, populate="background" if side else "now",
-                                                  sched=str(decode_arg(populate_sched) or ""))
+                                                  verify=check, populate="background" if side else "now")
                     if side:
                         out.update(self._cs_prepack(decode_arg(prepack_threads), touch=self._cs_arena.populate_tensor,
-                                                    source=index, sched=str(decode_arg(prepack_sched) or "")))
+                                                    source=index))
                         out.update(populate_s=round(self._cs_arena.wait_populated(), 6), prepack_overlapped=True)
                 except ColdstartError as e:
                     if self._cs_arena.mapped:  # half-done: back to an anonymous arena before copying
@@ -697,13 +691,13 @@ class ColdstartRPCMixin:
         out["seconds_rpc"] = round(time.perf_counter() - t0, 6)
         return out
 
-    def _cs_prepack(self, threads: Any = None, touch=None, source=None, sched: str = "") -> dict:
+    def _cs_prepack(self, threads: Any = None, touch=None, source=None) -> dict:
         """Build the handles from the weights now in place; ``source``: the index (FlatIndex) of the
         flat dump they came from (its identity is what a kept set of handles is checked against),
         None for any other."""
         self._cs_packed_from = None
         self._cs_absent = frozenset()  # packed from weights in place: every one of them is there
-        n, secs, used, waited = prepack_linears(int(threads) if threads else None, touch=touch, sched=sched)
+        n, secs, used, waited = prepack_linears(int(threads) if threads else None, touch=touch)
         if source is not None and n:
             self._cs_packed_from = index_identity(source)
         out = {"prepacked_linears": n, "prepack_s": round(secs, 6), "prepack_threads": used}
