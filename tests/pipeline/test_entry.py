@@ -2,6 +2,7 @@
 imported before the restore starts, one clear line for a bad snapshot."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -77,3 +78,19 @@ def test_host_root_is_found_while_helpers_come_and_go():
                 pass
         launcher.kill()
         launcher.wait()
+
+
+def test_command_lists_show_each_commands_first_sentence_on_one_line():
+    """`coldstart --help` and a group's --help list a command by its docstring's first sentence
+    (typer alone printed the whole first paragraph, with its hard line breaks)."""
+    env = {**os.environ, "COLUMNS": "400"}
+    top = subprocess.run([COLDSTART, "--help"], capture_output=True, text=True, timeout=120, env=env)
+    assert top.returncode == 0
+    row = next(ln for ln in top.stdout.splitlines() if ln.strip("│ ").startswith("restore "))
+    assert row.split("restore", 1)[1].strip(" │") == \
+        "Restore a snapshot and serve (the container entrypoint); any failure → cold boot, reason printed."
+    assert "Credentials" not in top.stdout  # push's later sentences stay in `coldstart push --help`
+    snap = subprocess.run([COLDSTART, "snapshot", "--help"], capture_output=True, text=True, timeout=120, env=env)
+    row = next(ln for ln in snap.stdout.splitlines() if ln.strip("│ ").startswith("verify "))
+    assert row.split("verify", 1)[1].strip(" │") == \
+        "Check every file's digests now and remember the result on this node (restores then skip it)."

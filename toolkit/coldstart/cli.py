@@ -43,7 +43,27 @@ def _register() -> None:
         mod.register(app, bench)
 
 
+def _first_sentence(doc: str) -> str:
+    """A docstring's first sentence on one line (its first paragraph if it has no full stop)."""
+    para = " ".join(doc.strip().split("\n\n")[0].split())
+    cut = para.find(". ")
+    return para if cut < 0 else para[:cut + 1]
+
+
+def _short_helps(t: typer.Typer) -> None:
+    """Command lists show each command's first sentence: typer would list its whole first
+    paragraph, hard line breaks included."""
+    for ci in t.registered_commands:
+        doc = ci.help or (ci.callback.__doc__ if ci.callback else None)
+        if doc and not ci.short_help:
+            ci.short_help = _first_sentence(doc)
+    for gi in t.registered_groups:
+        if gi.typer_instance is not None:
+            _short_helps(gi.typer_instance)
+
+
 _register()
+_short_helps(app)
 
 
 def main() -> None:

@@ -171,7 +171,7 @@ def bench_warm_restore(
     snapshot: Optional[Path] = typer.Option(None, help="use this snapshot instead of checkpointing one"),
     drop: str = typer.Option("global", help="cold = drop the whole page cache (global) or the snapshot's files"),
 ) -> None:
-    """Issue 5: restore -> first token per warming mode (none, vmtouch, native, native+profile,
+    """Restore -> first token per warming mode (none, vmtouch, native, native+profile,
     loader O_DIRECT), cold (page cache dropped) and warm, with device bytes read and bandwidth."""
     from coldstart.bench.warm import run_issue5_bench
 
