@@ -190,7 +190,7 @@ def test_corrupt_pack_in_registry_is_never_published(registry, tree, tmp_path):
 def test_unreachable_registry_is_one_line(tmp_path):
     from coldstart.engine.launcher import free_port
 
-    with pytest.raises(RegistryError, match="unreachable"):
+    with pytest.raises(RegistryError, match=r"unreachable or too slow \(ConnectionError: Connection refused\)$"):
         artifact.pull(f"127.0.0.1:{free_port()}/t/none:v1", tmp_path / "out")
     assert not (tmp_path / "out").exists()
 

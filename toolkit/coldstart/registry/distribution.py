@@ -251,7 +251,13 @@ class Registry:
 
 
 def _short(e: Exception) -> str:
-    return str(e).splitlines()[0][:160] if str(e) else ""
+    """The cause of a transport error in a few words: urllib3 nests it ("Connection refused", "Read
+    timed out") inside the pool's and the URL's names."""
+    s = str(e)
+    m = re.search(r"\[Errno -?\d+\] ([^'\"()\]]+)", s) or re.search(r"((?:Read|Connect) timed out)", s)
+    if m:
+        return m.group(1).strip()
+    return s.splitlines()[0][:160] if s else ""
 
 
 def _body(r: requests.Response) -> str:

@@ -108,8 +108,10 @@ def verify_command(
     threads: int = typer.Option(4, "--threads", help="hashing threads"),
 ) -> None:
     """Check every chunk digest of a dump; exit 1 naming the first bad tensors."""
+    from coldstart.weights.format import read_index
     from coldstart.weights.loader import verify_flat
 
+    read_index(flat)  # a missing or bad dump is one line, before the progress bar draws
     with _progress_bar("verify") as prog:
         task = prog.add_task("verifying", total=None)
         index, bad = verify_flat(flat, threads=threads,
