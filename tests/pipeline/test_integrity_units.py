@@ -159,3 +159,31 @@ def test_a_guarded_call_returns_or_raises_as_it_would_alone():
     assert checks.guard(lambda a, b: a + b, 2, 3) == 5
     with pytest.raises(ZeroDivisionError):
         checks.guard(lambda: 1 / 0)
+
+
+def test_a_first_restore_checks_what_it_reads_first(tmp_path, monkeypatch):
+    """The restore's checks read CRIU's metadata, then what the restore reads in bulk (the hot
+    layout's child pages, the weights file), then the rest (the parent's pages, mapped lazily), and
+    only by size inside each group: smallest first had the parent's images ahead of the child's."""
+    from coldstart.pipeline.events import Timeline
+    from coldstart.pipeline.manifest import Canary, Manifest
+    from coldstart.pipeline.restore import _Checks
+
+    monkeypatch.setenv("COLDSTART_NODE_DIR", str(tmp_path / "node"))
+    snap = tmp_path / "snap"
+    sizes = {"criu/inventory.img": 100, "criu/pagemap-7.img": 5000, "criu/pages-1.img": 3 * CH,
+             "criu/parent/pages-1.img": CH // 2, "criu/parent/pagemap-7.img": 300,
+             "weights/weights.flat": 2 * CH, "run/server.log": 10}
+    for rel, n in sizes.items():
+        (snap / rel).parent.mkdir(parents=True, exist_ok=True)
+        (snap / rel).write_bytes(os.urandom(n))
+    m = Manifest(model="/m", model_digest="d", served_model_name="/m", engine_args=[], host={},
+                 canary=Canary(prompt="p", token_ids=[1]), files={rel: _entry(snap / rel) for rel in sizes},
+                 weights={"flat": "weights/weights.flat"})
+    checks = _Checks(snap, m, "full", Timeline())
+    checks.join()
+    order = [str(Path(p).relative_to(snap)) for p in checks.reading]
+    assert sorted(order) == sorted(sizes)
+    assert set(order[:3]) == {"criu/inventory.img", "criu/pagemap-7.img", "criu/parent/pagemap-7.img"}
+    assert order[3:5] == ["weights/weights.flat", "criu/pages-1.img"]  # smallest first within the group
+    assert set(order[5:]) == {"criu/parent/pages-1.img", "run/server.log"}

@@ -614,7 +614,7 @@ def _validate(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say,
 class _Checks:
     """Digest checks of the snapshot (integrity.py) on a thread beside the restore, joined before
     serving: CRIU's metadata images first (a few MB: a damaged one is found before CRIU is far), then
-    the rest. A failed phase asks ``failure()`` first, so the reason names the damaged file rather
+    what the restore reads in bulk, then the rest. A failed phase asks ``failure()`` first, so the reason names the damaged file rather
     than the symptom it caused. (The thread only reads: a failed restore leaves it to end.)
     Once the tree is restored it is also watched (``watch``): a guarded call ends when one of its
     processes exits."""
@@ -623,9 +623,16 @@ class _Checks:
         self.snap, self.mode, self.tl = snap, mode, tl
         used = {rel: fe for rel, fe in m.files.items() if not rel.startswith("checkpoint-logs/")}
         meta = {rel for rel in used if rel.startswith("criu/") and not Path(rel).name.startswith("pages-")}
-        # then the pages a restore touches first (the hot layout's child images), then the rest
-        rest = sorted((r for r in used if r not in meta), key=lambda r: not r.startswith("criu/pages-"))
-        self._groups = [{r: used[r] for r in meta}, {r: used[r] for r in rest}]
+        # then what the restore reads in bulk (the hot layout's child images, the weights file:
+        # warm_paths), then the rest (the parent's pages, mapped lazily, most never touched); each
+        # group smallest file first (integrity.verify)
+        if os.environ.get("CS_VERIFY_ORDER", "restore") == "restore":
+            bulk = {str(p.relative_to(snap)) for p in warm_paths(snap, m)} & set(used)
+            rest = [r for r in used if r not in meta and r not in bulk]
+            self._groups = [{r: used[r] for r in meta}, {r: used[r] for r in bulk}, {r: used[r] for r in rest}]
+        else:  # (experiments/first_on_node.py: the order before)
+            rest = sorted((r for r in used if r not in meta), key=lambda r: not r.startswith("criu/pages-"))
+            self._groups = [{r: used[r] for r in meta}, {r: used[r] for r in rest}]
         self.t0 = time.monotonic()
         self.seconds = 0.0
         self._error: BaseException | None = None
@@ -639,7 +646,8 @@ class _Checks:
     def _run(self) -> None:
         try:
             for files in self._groups:
-                st = integrity.verify(self.snap, files, self.mode, on_file=self.reading.append)
+                st = integrity.verify(self.snap, files, self.mode, on_file=self.reading.append,
+                                      threads=int(os.environ.get("CS_VERIFY_THREADS", "2")))
                 for k in self._stats:
                     self._stats[k] += st.get(k, 0)
         except BaseException as e:  # noqa: BLE001 - reported by join()
