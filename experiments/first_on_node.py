@@ -10,9 +10,10 @@ mostly never touched) came before the hot child's pages the restore needs first,
 
 Each start: the node's record of the snapshot forgotten, its access profile deleted, the page
 cache dropped, then one restore container (no host warming), as `coldstart bench container`'s
-first-on-node start. Variants (the restore container's environment; CS_VERIFY_ORDER and
-CS_VERIFY_THREADS exist for this script): ORDER:THREADS, ORDER ``size`` (the old order) or
-``restore`` (metadata, then what the restore reads in bulk, then the rest).
+first-on-node start. Variants (the restore container's environment): ORDER:THREADS, ORDER ``size``
+(the old order) or ``restore`` (metadata, then what the restore reads in bulk, then the rest).
+Runs against commit f796a47: CS_VERIFY_ORDER and CS_VERIFY_THREADS existed there for this script;
+since the next commit the restore's order and 8 readers are fixed and the variables are ignored.
 
     .venv/bin/python experiments/first_on_node.py --reps 4 --variants size:2,restore:2,restore:4 --out OUT.jsonl
 """

@@ -34,6 +34,11 @@ from coldstart.state import node_dir
 
 CHUNK = 4 << 20  # digest granularity: small enough to name where a file is damaged, ~460 per GiB
 READ = 1 << 20  # one pread; xxhash releases the GIL, so threads hash in parallel
+# Readers per file: the check mostly waits on the disk. A first restore on a node, which checks
+# everything beside the restore, reached its first token at 4.03-4.60 s with 8 (and the restore's
+# order, pipeline.restore._Checks) against 4.75-4.97 s with 2 (bench snapshot, Intel AMX host,
+# results/spot-checks/first-on-node).
+THREADS = 8
 VERIFY_MODES = ("auto", "full", "off")
 
 
@@ -99,7 +104,7 @@ def _check_chunk(fd: int, i: int, size: int, want: str) -> bool:
     return h.hexdigest() == want
 
 
-def check_file(path: Path, rel: str, size: int, chunks: list[str], threads: int = 2) -> None:
+def check_file(path: Path, rel: str, size: int, chunks: list[str], threads: int = THREADS) -> None:
     """Raise IntegrityError naming the first bad chunk of ``path`` (chunks checked in parallel)."""
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -183,7 +188,7 @@ class NodeRecord:
             pass
 
 
-def verify(snapshot_dir: Path, files: dict, mode: str = "auto", threads: int = 2,
+def verify(snapshot_dir: Path, files: dict, mode: str = "auto", threads: int = THREADS,
            record: NodeRecord | None = None, on_file: Callable[[Path], None] | None = None) -> dict:
     """Check the files of a snapshot (``files``: rel -> FileEntry with ``chunks``) against their
     digests. ``mode`` auto: skip files this node has verified unchanged; full: check every file;

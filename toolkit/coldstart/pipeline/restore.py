@@ -626,13 +626,9 @@ class _Checks:
         # then what the restore reads in bulk (the hot layout's child images, the weights file:
         # warm_paths), then the rest (the parent's pages, mapped lazily, most never touched); each
         # group smallest file first (integrity.verify)
-        if os.environ.get("CS_VERIFY_ORDER", "restore") == "restore":
-            bulk = {str(p.relative_to(snap)) for p in warm_paths(snap, m)} & set(used)
-            rest = [r for r in used if r not in meta and r not in bulk]
-            self._groups = [{r: used[r] for r in meta}, {r: used[r] for r in bulk}, {r: used[r] for r in rest}]
-        else:  # (experiments/first_on_node.py: the order before)
-            rest = sorted((r for r in used if r not in meta), key=lambda r: not r.startswith("criu/pages-"))
-            self._groups = [{r: used[r] for r in meta}, {r: used[r] for r in rest}]
+        bulk = {str(p.relative_to(snap)) for p in warm_paths(snap, m)} & set(used)
+        rest = [r for r in used if r not in meta and r not in bulk]
+        self._groups = [{r: used[r] for r in meta}, {r: used[r] for r in bulk}, {r: used[r] for r in rest}]
         self.t0 = time.monotonic()
         self.seconds = 0.0
         self._error: BaseException | None = None
@@ -646,8 +642,7 @@ class _Checks:
     def _run(self) -> None:
         try:
             for files in self._groups:
-                st = integrity.verify(self.snap, files, self.mode, on_file=self.reading.append,
-                                      threads=int(os.environ.get("CS_VERIFY_THREADS", "2")))
+                st = integrity.verify(self.snap, files, self.mode, on_file=self.reading.append)
                 for k in self._stats:
                     self._stats[k] += st.get(k, 0)
         except BaseException as e:  # noqa: BLE001 - reported by join()
