@@ -614,8 +614,9 @@ def _validate(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say,
 class _Checks:
     """Digest checks of the snapshot (integrity.py) on a thread beside the restore, joined before
     serving: CRIU's metadata images first (a few MB: a damaged one is found before CRIU is far), then
-    what the restore reads in bulk, then the rest. A failed phase asks ``failure()`` first, so the reason names the damaged file rather
-    than the symptom it caused. (The thread only reads: a failed restore leaves it to end.)
+    what the restore reads in bulk, then the rest. A failed phase asks ``failure()`` first, so the
+    reason names the damaged file rather than the symptom it caused. (The thread only reads: a
+    failed restore leaves it to end.)
     Once the tree is restored it is also watched (``watch``): a guarded call ends when one of its
     processes exits."""
 
@@ -626,7 +627,7 @@ class _Checks:
         # then what the restore reads in bulk (the hot layout's child images, the weights file:
         # warm_paths), then the rest (the parent's pages, mapped lazily, most never touched); each
         # group smallest file first (integrity.verify)
-        bulk = {str(p.relative_to(snap)) for p in warm_paths(snap, m)} & set(used)
+        bulk = {os.path.relpath(p, snap) for p in warm_paths(snap, m)} & set(used)
         rest = [r for r in used if r not in meta and r not in bulk]
         self._groups = [{r: used[r] for r in meta}, {r: used[r] for r in bulk}, {r: used[r] for r in rest}]
         self.t0 = time.monotonic()
