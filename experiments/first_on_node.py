@@ -23,10 +23,7 @@ import argparse
 import json
 from pathlib import Path
 
-from coldstart.bench.containers import bench_case, one_start
-from coldstart.bench.criu import drop_caches
-from coldstart.pipeline.integrity import NodeRecord
-from coldstart.pipeline.manifest import read_manifest
+from coldstart.bench.containers import bench_case, new_to_node, one_start
 from coldstart.warm.snapshot import node_profile
 
 
@@ -45,11 +42,7 @@ def main() -> None:
         for rep in range(a.reps):
             for v in (variants if rep % 2 == 0 else variants[::-1]):
                 order, threads = v.split(":")
-                NodeRecord().forget(snap, read_manifest(snap).files)
-                prof = node_profile(snap)
-                if prof is not None:
-                    prof.unlink(missing_ok=True)
-                drop_caches()
+                new_to_node(snap)
                 row = {"size": a.size, "variant": v, "rep": rep,
                        **one_start(c, tag, "restore", model, snap, layers,
                                    env={"CS_VERIFY_ORDER": order, "CS_VERIFY_THREADS": threads})}

@@ -22,10 +22,8 @@ import os
 from pathlib import Path
 from unittest import mock
 
-from coldstart.bench.containers import one_start, bench_case
+from coldstart.bench.containers import bench_case, new_to_node, one_start
 from coldstart.bench.criu import drop_caches
-from coldstart.pipeline.integrity import NodeRecord
-from coldstart.pipeline.manifest import read_manifest
 from coldstart.warm.snapshot import node_profile
 
 MiB = 1 << 20
@@ -165,11 +163,7 @@ def main() -> None:
     a.out.parent.mkdir(parents=True, exist_ok=True)
     with open(a.out, "w") as out:
         # the first restore on this node: verifies, records the access profile the host warms from
-        NodeRecord().forget(snap, read_manifest(snap).files)
-        prof = node_profile(snap)
-        if prof is not None:
-            prof.unlink(missing_ok=True)
-        drop_caches()  # with the snapshot still cached from the checkpoint, the restore would not record
+        new_to_node(snap)  # with the snapshot still cached from the checkpoint, the restore would not record
         first = one_start(c, tag, "restore", model, snap, layers)
         meta = json.loads(node_profile(snap).read_text()).get("meta", {}) if node_profile(snap) else {}
         print(json.dumps({"first_on_node_s": first.get("first_token_s"), "profile": meta}), flush=True)

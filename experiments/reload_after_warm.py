@@ -19,12 +19,10 @@ import argparse
 import json
 from pathlib import Path
 
-from coldstart.bench.containers import one_start, bench_case
+from coldstart.bench.containers import bench_case, new_to_node, one_start
 from coldstart.bench.criu import drop_caches
 from coldstart.bench.gpu import warm_file
-from coldstart.pipeline.integrity import NodeRecord
 from coldstart.pipeline.manifest import read_manifest
-from coldstart.warm.snapshot import node_profile
 
 
 def main() -> None:
@@ -41,11 +39,7 @@ def main() -> None:
     variants = [v for v in a.variants.split(",") if v]
     with open(a.out, "w") as out:
         # the first restore on this node: verifies every file, records the profile the host warms from
-        NodeRecord().forget(snap, read_manifest(snap).files)
-        prof = node_profile(snap)
-        if prof is not None:
-            prof.unlink(missing_ok=True)
-        drop_caches()
+        new_to_node(snap)
         first = one_start(c, tag, "restore", model, snap, layers)
         out.write(json.dumps({"size": a.size, "variant": "first-on-node", **first}) + "\n")
         for rep in range(a.reps):

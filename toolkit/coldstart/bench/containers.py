@@ -128,6 +128,23 @@ def one_start(c, image: str, method: str, model: Path, snap: Path, layers: list[
     return row
 
 
+def new_to_node(snap: Path) -> None:
+    """Make the next restore of ``snap`` the first on this node: the node forgets that it verified
+    its files and the access profile it recorded (both kept in the node dir for later replicas),
+    and the page cache is dropped, as on a node that has just received it (a restore that finds it
+    all cached, the checkpoint having just written it, does not warm, so records no profile)."""
+    from coldstart.bench.criu import drop_caches
+    from coldstart.pipeline.integrity import NodeRecord
+    from coldstart.pipeline.manifest import read_manifest
+    from coldstart.warm.snapshot import node_profile
+
+    NodeRecord().forget(snap, read_manifest(snap).files)
+    prof = node_profile(snap)
+    if prof is not None:
+        prof.unlink(missing_ok=True)
+    drop_caches()
+
+
 def case_label(size: str, layout: str) -> str:
     """A case's name in rows and tables: the model, and the snapshot's layout unless it is as dumped."""
     return size if layout == "dumped" else f"{size}-{layout}"
@@ -238,9 +255,6 @@ def run_bench(c, image: str, cases: list[tuple[str, Path, Path]], *, reps: int, 
     bench model), the first ones; default ``reps``."""
     from coldstart.containers.docker_api import image_layers
     from coldstart.bench.criu import drop_caches
-    from coldstart.pipeline.integrity import NodeRecord
-    from coldstart.pipeline.manifest import read_manifest
-    from coldstart.warm.snapshot import node_profile
 
     layers = image_layers(c, image)
     decoys = {snap: make_decoy(snap) for _, _, snap in cases} if "restore+load" in methods else {}
@@ -253,15 +267,8 @@ def run_bench(c, image: str, cases: list[tuple[str, Path, Path]], *, reps: int, 
         rows.append({"size": size, "method": "disk", **bw})
         say(json.dumps(rows[-1]))
         # the first restore of a snapshot on a node verifies every file and records the access
-        # profile (both kept in the node dir for later replicas): not the steady state, kept apart.
-        # The node forgets both first, so that it is the first here.
-        NodeRecord().forget(snap, read_manifest(snap).files)
-        prof = node_profile(snap)
-        if prof is not None:
-            prof.unlink(missing_ok=True)
-        # cold, as on a node that just received the snapshot: a restore that finds it all in the page
-        # cache (the checkpoint has just written it) does not warm, so records no profile
-        drop_caches()
+        # profile (both kept in the node dir for later replicas): not the steady state, kept apart
+        new_to_node(snap)
         rows.append({"size": size, "method": "first-on-node", **one_start(c, image, "restore", model, snap, layers)})
         say(json.dumps(rows[-1]))
     for rep in range(reps):
