@@ -47,3 +47,17 @@ def test_each_round_is_paired_with_the_mean_of_the_probes_around_it() -> None:
     for r in old:
         r.pop("when", None)
     assert "once per round" in "\n".join(reload_table(old, "bench", ("stock", "auto")))
+
+
+def test_the_floor_is_the_warm_reload_or_the_disk_and_the_serial_map_times_its_read_alone() -> None:
+    gib = 1 << 30
+    rows = [  # the device reads the GiB in 0.5 s; the warm reload (the same packing) takes 0.8 s
+        {"cache": "warm", "method": "auto", "rep": 0, "bytes": gib, "seconds": 0.8},
+        {"cache": "cold", "method": "auto", "rep": 0, "bytes": gib, "seconds": 1.0, "wall_seconds": 1.0},
+        # the serial map: 1.2 s in all, of which 0.7 s packing after a 0.5 s read
+        {"cache": "cold", "method": "map-serial", "rep": 0, "bytes": gib, "seconds": 1.2,
+         "detail": {"prepack_s": 0.7}},
+    ]
+    text = " ".join(_reload_bound(rows, {0: 2.0}))
+    assert "at best 0.800 s, 0.62× the device" in text and "1.25× that floor" in text
+    assert "The read alone" in text and "median 1.00×" in text

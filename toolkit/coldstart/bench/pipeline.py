@@ -55,7 +55,8 @@ METHODS = ("stock", "copy", "map", "auto")  # auto: what `coldstart restore` use
 DEFAULT_RELOAD = "auto"
 # ours: the worker's coldstart_reload arguments of each method (copy: the loader chooses O_DIRECT or not)
 RELOAD_KW = {"copy": {"mode": "copy"}, "map": {"mode": "map"}, "auto": {"mode": "auto"},
-             "copy-odirect": {"mode": "copy", "direct": True}, "copy-buffered": {"mode": "copy", "direct": False}}
+             "copy-odirect": {"mode": "copy", "direct": True}, "copy-buffered": {"mode": "copy", "direct": False},
+             "map-serial": {"mode": "map", "overlap": False}}
 ALL_RELOAD_METHODS = ("stock", *RELOAD_KW)
 
 
@@ -78,7 +79,8 @@ def reload_table(rows: list[dict], size: str, methods: tuple[str, ...] = METHODS
              "one run. **copy** = our parallel loader reads the flat file into the weights (O_DIRECT or the page "
              "cache as the loader chooses; **copy-odirect** / **copy-buffered** force one); **map** = the flat file is mmap'ed (MAP_PRIVATE|MAP_FIXED) over the weight arena "
              "and populated with MADV_POPULATE_READ in 4 threads: \"done\" means every page is mapped and "
-             "resident (no copy; a later write would copy-on-write one page); **auto** = the default "
+             "resident (no copy; a later write would copy-on-write one page); **map-serial** = a map whose "
+             "prepack waits for the whole populate, so that its read is timed alone; **auto** = the default "
              "(`coldstart restore` uses it): map, except that a file under 10 % cached is copied where the layers "
              "do not serve from packed handles holding their own copies (sleep_worker.handles_hold_copies).", "",
              "Since serving goes through vLLM's prepacked GEMM handles, our reload ends by packing them again "
@@ -162,6 +164,8 @@ def _reload_bound(rows: list[dict], per_round: dict[int, float]) -> list[str]:
             cpu.append(r["host_cpu_busy_s"])
             cpu_bound += cpu_s > disk_s
             bnd.append(max(disk_s, cpu_s) / r.get("wall_seconds", r["seconds"]))  # (CPU over the RPC's wall)
+    serial = [r["bytes"] / 2**30 / per_round[r["rep"]] / _read_part(r) for r in rows
+              if r["cache"] == "cold" and r["method"] == "map-serial" and r["rep"] in per_round]
     if not dev:
         return []
     out = [f"Paired per round, the default (auto) cold reload against the device probed in its round: median "
@@ -171,7 +175,19 @@ def _reload_bound(rows: list[dict], per_round: dict[int, float]) -> list[str]:
                    f"CPU-seconds over the step / {cores} cores): median {statistics.median(bnd):.2f}× (each: "
                    f"{', '.join(f'{x:.2f}' for x in bnd)}); the CPU was the larger in {cpu_bound} of {len(bnd)} "
                    f"rounds (busy CPU-seconds: median {statistics.median(cpu):.2f}).")
-    return ["", *out]
+    warm = [r["seconds"] for r in rows if r["cache"] == "warm" and r["method"] == "auto"]
+    if warm:
+        disk = statistics.median(r["bytes"] / 2**30 / per_round[r["rep"]] for r in rows
+                                 if r["cache"] == "cold" and r["method"] == "auto" and r["rep"] in per_round)
+        floor = max(disk, statistics.median(warm))
+        out.append(f"A cold reload can be no shorter than the warm one, which does the same packing from a "
+                   f"cached file (median {statistics.median(warm):.3f} s), nor than the file at the device's speed "
+                   f"({disk:.3f} s at the median round): at best {floor:.3f} s, {disk / floor:.2f}× the device; "
+                   f"the default's cold median is {statistics.median(r['seconds'] for r in rows if r['cache'] == 'cold' and r['method'] == 'auto') / floor:.2f}× that floor.")
+    if serial:
+        out.append(f"The read alone (map-serial's populate, before its prepack) against the device probed in its "
+                   f"round: median {statistics.median(serial):.2f}× (each: {', '.join(f'{x:.2f}' for x in serial)}).")
+    return [line for para in out for line in ("", para)]
 
 
 def bench_reload(
@@ -180,7 +196,8 @@ def bench_reload(
     out: Path = typer.Option(Path("results/reload"), help="Results directory."),
     work: Path = typer.Option(Path("/var/tmp/coldstart-bench-reload"), help="Scratch dir (the flat dump)."),
     methods: str = typer.Option(",".join(METHODS), help="comma list of: " + ",".join(ALL_RELOAD_METHODS)
-                                + " (copy-odirect / copy-buffered: a copy reload forced to O_DIRECT / the page cache)"),
+                                + " (copy-odirect / copy-buffered: a copy reload forced to O_DIRECT / the page cache; "
+                                "map-serial: a map that packs after its populate, the read timed alone)"),
 ) -> None:
     """Weight reload step alone: vLLM's stock reload_weights vs ours (copy through the loader, and the
     flat file mapped over the weight arena), warm and cold page cache."""
