@@ -154,6 +154,15 @@ class Timeline:
         prev = 0.0
         for e in self.events:
             tab.add_row(e.name, f"{e.t:.3f}", f"{e.t - prev:.3f}",
-                        " ".join(f"{k}={v}" for k, v in e.attrs.items()))
+                        " ".join(f"{k}={_brief(v)}" for k, v in e.attrs.items()))
             prev = e.t
         return tab
+
+
+def _brief(v: Any, width: int = 80) -> str:
+    """An attribute as the table shows it: a long list or mapping (the hot layout's early ranges,
+    per file) by its size only; ``write_jsonl`` (``--timeline-out``) keeps it whole."""
+    text = str(v)
+    if len(text) <= width or not isinstance(v, (dict, list, tuple)):
+        return text
+    return f"({len(v)} {'entries' if isinstance(v, dict) else 'items'})"
