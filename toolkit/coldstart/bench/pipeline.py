@@ -180,10 +180,11 @@ def _reload_bound(rows: list[dict], per_round: dict[int, float]) -> list[str]:
         disk = statistics.median(r["bytes"] / 2**30 / per_round[r["rep"]] for r in rows
                                  if r["cache"] == "cold" and r["method"] == "auto" and r["rep"] in per_round)
         floor = max(disk, statistics.median(warm))
-        out.append(f"A cold reload can be no shorter than the warm one, which does the same packing from a "
-                   f"cached file (median {statistics.median(warm):.3f} s), nor than the file at the device's speed "
-                   f"({disk:.3f} s at the median round): at best {floor:.3f} s, {disk / floor:.2f}× the device; "
-                   f"the default's cold median is {statistics.median(r['seconds'] for r in rows if r['cache'] == 'cold' and r['method'] == 'auto') / floor:.2f}× that floor.")
+        cold = statistics.median(r["seconds"] for r in rows if r["cache"] == "cold" and r["method"] == "auto")
+        out.append(f"A cold reload can be no shorter than the warm one, the same step from a cached file, its "
+                   f"packing included (median {statistics.median(warm):.3f} s), nor than the file at the device's "
+                   f"speed ({disk:.3f} s at the median round): at best {floor:.3f} s, {disk / floor:.2f}× the "
+                   f"device; the default's cold median is {cold / floor:.2f}× that floor.")
     if serial:
         out.append(f"The read alone (map-serial's populate, before its prepack) against the device probed in its "
                    f"round: median {statistics.median(serial):.2f}× (each: {', '.join(f'{x:.2f}' for x in serial)}).")
