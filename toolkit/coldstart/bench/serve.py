@@ -233,9 +233,13 @@ def render(rows: list[dict], host: str, command: str, input_len: int, output_len
                          for k, v in st.items()) + ".")
         kept = info.get("restored", {}).get("kept_linears")
         if kept:
+            cycle = info.get("restored+cycle", {}).get("cycle") or {}
+            after = ("" if not cycle else
+                     f"; the cycle packed {cycle['prepacked_linears']} of them again into anonymous memory"
+                     if cycle.get("prepacked_linears") else
+                     f"; the cycle kept its {cycle.get('packed_kept', kept)} handles and packed none")
             L.append(f"{size}: as restored, its {kept} linear layers served through the packed GEMM handles the "
-                     "checkpoint kept in the CRIU image (mapped from its pages, not repacked; `--keep-packed`); "
-                     "a cycle packs them again into anonymous memory.")
+                     f"checkpoint kept in the CRIU image (mapped from its pages, not repacked; `--keep-packed`){after}.")
         cyc = {k: v["cycle"] for k, v in info.items() if v.get("cycle")}
         if cyc:
             L.append(f"{size}: reload in a cycle (part of every restore and wake): " + "; ".join(
