@@ -125,9 +125,10 @@ VARIANTS = {
     # warmer, read after the child's early pages, against "-latefirst" with them ahead; removed after:
     # no gain, bench 2.02 s against 2.00, tiny 1.44 s against 1.43)
     "started-2x2M-early-latefirst": {"after_start": True, "threads": 2, "chunk": 2 * MiB, "early": True},
-    # the early files read by 4 readers on a host whose disk reads 3 GiB/s (AMD Zen 5, 2026-11-29; on the
-    # Intel host's 1.5 GiB/s disk, early-threads/ above, no gain)
-    "started-2x2M-early-4": {"after_start": True, "threads": 2, "chunk": 2 * MiB, "early": True, "early_threads": 4},
+    # (early-threads/*-zen5.jsonl, at 884699a only: the early files read by 4 readers, HostWarm's
+    # early_threads=4, on the AMD Zen 5 host's 3 GiB/s disk; removed after: tiny 1.13 s against 1.21,
+    # bench 1.35 against 1.31. The variant now runs the default.)
+    "started-2x2M-early-4": {"after_start": True, "threads": 2, "chunk": 2 * MiB, "early": True},
 }
 # what the restore container's environment gets besides, per variant
 CONTAINER_ENV = {"none-be": {"COLDSTART_WARM_IOPRIO": "be"}, "started-8x8M-early-be": {"COLDSTART_WARM_IOPRIO": "be"},

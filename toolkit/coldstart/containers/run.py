@@ -183,8 +183,7 @@ class HostWarm:
     def __init__(self, snapshot: Path, layers: list[Path] | None = None, *, after_start: bool = True,
                  threads: int | None = HOST_SHAPE[0], chunk: int | None = HOST_SHAPE[1], method: str | None = None,
                  io_class: str | None = None, criu_runs: bool = False,
-                 early: bool = True, early_criu: bool = False, bulk: str = "profile", wait_early: bool = True,
-                 early_threads: int = 1):
+                 early: bool = True, early_criu: bool = False, bulk: str = "profile", wait_early: bool = True):
         self.ahead = None
         remap = None
         if layers:
@@ -206,7 +205,6 @@ class HostWarm:
         self._cancelled = False
         self._early_t = None
         self._early_criu = early_criu
-        self._early_threads = max(1, early_threads)
         if bulk not in ("profile", "weights"):
             raise ValueError(f"bulk must be profile or weights, not {bulk!r}")
         self._bulk = bulk
@@ -226,25 +224,15 @@ class HostWarm:
     def _read_early(self, snapshot: Path, remap) -> None:
         t0 = time.monotonic()
         n = files = 0
-
-        def one(p: Path) -> int:
-            if self._cancelled:
-                return -1
-            try:
-                return _read_data(p, lambda: self._cancelled)
-            except OSError:
-                return -1  # a hint: the restore reads (and names) it anyway
-
         try:
-            if self._early_threads > 1:
-                from concurrent.futures import ThreadPoolExecutor
-
-                with ThreadPoolExecutor(self._early_threads, thread_name_prefix="coldstart-host-warm-early") as ex:
-                    got = list(ex.map(one, early_files(snapshot, remap)))
-            else:
-                got = [one(p) for p in early_files(snapshot, remap)]
-            n += sum(g for g in got if g > 0)
-            files += sum(1 for g in got if g >= 0)
+            for p in early_files(snapshot, remap):
+                if self._cancelled:
+                    break
+                try:
+                    n += _read_data(p, lambda: self._cancelled)
+                    files += 1
+                except OSError:
+                    continue  # a hint: the restore reads (and names) it anyway
             if self._early_criu and not self._cancelled:
                 n += _read_criu_first(snapshot / "criu", remap, lambda: self._cancelled)
             if not self._cancelled:  # (early_ranges: none where COLDSTART_WARM_HOT_FIRST=0)
