@@ -154,18 +154,19 @@ def _reload_bound(rows: list[dict], per_round: dict[int, float]) -> list[str]:
     the prepack beside the populate, a 2-core host can be bound by the second."""
     cores = os.cpu_count() or 1
     dev, bnd, cpu, cpu_bound = [], [], [], 0
+    disk, cold = [], []  # per paired round: the file at the device's speed, the default's cold step
     for r in rows:
         if r["cache"] != "cold" or r["method"] != "auto" or r["rep"] not in per_round:
             continue
         disk_s = r["bytes"] / 2**30 / per_round[r["rep"]]
+        disk.append(disk_s)
+        cold.append(r["seconds"])
         dev.append(disk_s / r["seconds"])
         if r.get("host_cpu_busy_s") is not None:
             cpu_s = r["host_cpu_busy_s"] / cores
             cpu.append(r["host_cpu_busy_s"])
             cpu_bound += cpu_s > disk_s
             bnd.append(max(disk_s, cpu_s) / r.get("wall_seconds", r["seconds"]))  # (CPU over the RPC's wall)
-    serial = [r["bytes"] / 2**30 / per_round[r["rep"]] / _read_part(r) for r in rows
-              if r["cache"] == "cold" and r["method"] == "map-serial" and r["rep"] in per_round]
     if not dev:
         return []
     out = [f"Paired per round, the default (auto) cold reload against the device probed in its round: median "
@@ -177,14 +178,14 @@ def _reload_bound(rows: list[dict], per_round: dict[int, float]) -> list[str]:
                    f"rounds (busy CPU-seconds: median {statistics.median(cpu):.2f}).")
     warm = [r["seconds"] for r in rows if r["cache"] == "warm" and r["method"] == "auto"]
     if warm:
-        disk = statistics.median(r["bytes"] / 2**30 / per_round[r["rep"]] for r in rows
-                                 if r["cache"] == "cold" and r["method"] == "auto" and r["rep"] in per_round)
-        floor = max(disk, statistics.median(warm))
-        cold = statistics.median(r["seconds"] for r in rows if r["cache"] == "cold" and r["method"] == "auto")
+        disk_s = statistics.median(disk)
+        floor = max(disk_s, statistics.median(warm))
         out.append(f"A cold reload can be no shorter than the warm one, the same step from a cached file, its "
                    f"packing included (median {statistics.median(warm):.3f} s), nor than the file at the device's "
-                   f"speed ({disk:.3f} s at the median round): at best {floor:.3f} s, {disk / floor:.2f}× the "
-                   f"device; the default's cold median is {cold / floor:.2f}× that floor.")
+                   f"speed ({disk_s:.3f} s at the median round): at best {floor:.3f} s, {disk_s / floor:.2f}× the "
+                   f"device; the default's cold median is {statistics.median(cold) / floor:.2f}× that floor.")
+    serial = [r["bytes"] / 2**30 / per_round[r["rep"]] / _read_part(r) for r in rows
+              if r["cache"] == "cold" and r["method"] == "map-serial" and r["rep"] in per_round]
     if serial:
         out.append(f"The read alone (map-serial's populate, before its prepack) against the device probed in its "
                    f"round: median {statistics.median(serial):.2f}× (each: {', '.join(f'{x:.2f}' for x in serial)}).")

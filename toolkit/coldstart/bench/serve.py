@@ -234,10 +234,11 @@ def render(rows: list[dict], host: str, command: str, input_len: int, output_len
         kept = info.get("restored", {}).get("kept_linears")
         if kept:
             cycle = info.get("restored+cycle", {}).get("cycle") or {}
-            after = ("" if not cycle else
-                     f"; the cycle packed {cycle['prepacked_linears']} of them again into anonymous memory"
-                     if cycle.get("prepacked_linears") else
-                     f"; the cycle kept its {cycle.get('packed_kept', kept)} handles and packed none")
+            after = ""
+            if cycle.get("prepacked_linears"):
+                after = f"; the cycle packed {cycle['prepacked_linears']} of them again into anonymous memory"
+            elif cycle:
+                after = f"; the cycle kept its {cycle.get('packed_kept', kept)} handles and packed none"
             L.append(f"{size}: as restored, its {kept} linear layers served through the packed GEMM handles the "
                      f"checkpoint kept in the CRIU image (mapped from its pages, not repacked; `--keep-packed`){after}.")
         cyc = {k: v["cycle"] for k, v in info.items() if v.get("cycle")}
