@@ -56,7 +56,7 @@ DEFAULT_RELOAD = "auto"
 # ours: the worker's coldstart_reload arguments of each method (copy: the loader chooses O_DIRECT or not)
 RELOAD_KW = {"copy": {"mode": "copy"}, "map": {"mode": "map"}, "auto": {"mode": "auto"},
              "copy-odirect": {"mode": "copy", "direct": True}, "copy-buffered": {"mode": "copy", "direct": False},
-             "map-serial": {"mode": "map", "overlap": False}}
+             "map-serial": {"mode": "map", "overlap": False}, "auto-repack": {"mode": "auto", "packed": False}}
 ALL_RELOAD_METHODS = ("stock", *RELOAD_KW)
 
 
@@ -83,13 +83,19 @@ def reload_table(rows: list[dict], size: str, methods: tuple[str, ...] = METHODS
              "prepack waits for the whole populate, so that its read is timed alone; **auto** = the default "
              "(`coldstart restore` uses it): map, except that a file under 10 % cached is copied where the layers "
              "do not serve from packed handles holding their own copies (sleep_worker.handles_hold_copies).", "",
-             "Since serving goes through vLLM's prepacked GEMM handles, our reload ends by packing them again "
-             "(**prepack**; vLLM's stock reload packs its own inside its time): **reload** is the whole step, "
-             "**read** the part before the prepack (the loader's copy, or map + populate), **GiB/s** the "
-             "file's bytes over that part. Where the prepack ran beside the populate (a cold map), the two "
-             "cannot be told apart and read is the whole step.", "",
+             "Serving goes through vLLM's prepacked GEMM handles. Where the sleep could keep them and release "
+             "their buffers (oneDNN's handles: coldstart.engine.packed), a map or auto reload maps the buffers "
+             "back from the packed dump the run wrote beside the flat file (**map+packed** in the last column: "
+             "nothing packed; map-serial then populates the two files one after the other, not side by side); "
+             "**auto-repack** = auto told not to (`packed=False`). Otherwise our reload ends by packing them "
+             "again (**prepack**; vLLM's stock reload packs its own inside its time): **reload** is the whole "
+             "step, **read** the part before the prepack (the loader's copy, or map + populate), **GiB/s** the "
+             "bytes read over that part (a packed refill reads the packed dump and the flat file's other "
+             "tensors). Where the prepack ran beside the populate (a cold map), the two cannot be told apart "
+             "and read is the whole step. Between a stock reload and the next method an untimed reload from the "
+             "flat file packs the handles from it again, as a restored server's are.", "",
              "| cache | method | reload (s) | speed-up | read (s) | GiB/s | prepack (s) | canary after (s) | "
-             "reload + canary (s) | speed-up incl. canary | runs | canary ok | auto chose |",
+             "reload + canary (s) | speed-up incl. canary | runs | canary ok | mode |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for cache in ("warm", "cold"):
         sel = {m: [r for r in rows if r["cache"] == cache and r["method"] == m] for m in methods}
@@ -108,7 +114,7 @@ def reload_table(rows: list[dict], size: str, methods: tuple[str, ...] = METHODS
             pack = f"{statistics.median(packs):.3f}" if packs and m != "stock" else "-"
             gib = sel[m][0]["bytes"] / 2**30 / read
             modes = Counter(str(r["detail"].get("mode")) for r in sel[m])
-            chose = ", ".join(f"{k} ×{v}" for k, v in sorted(modes.items())) if m == "auto" else ""
+            chose = ", ".join(f"{k} ×{v}" for k, v in sorted(modes.items())) if m != "stock" else ""
             name = "stock reload_weights" if m == "stock" else f"ours {m}"
             lines.append(f"| {cache} | {name} | {sec:.3f} | {st / sec:.2f}× | {read:.3f} | {gib:.2f} | {pack} | "
                          f"{can:.3f} | {both:.3f} | "
@@ -199,7 +205,8 @@ def bench_reload(
     work: Path = typer.Option(Path("/var/tmp/coldstart-bench-reload"), help="Scratch dir (the flat dump)."),
     methods: str = typer.Option(",".join(METHODS), help="comma list of: " + ",".join(ALL_RELOAD_METHODS)
                                 + " (copy-odirect / copy-buffered: a copy reload forced to O_DIRECT / the page cache; "
-                                "map-serial: a map that packs after its populate, the read timed alone)"),
+                                "map-serial: a map that packs after its populate, the read timed alone; "
+                                "auto-repack: auto without the packed refill)"),
 ) -> None:
     """Weight reload step alone: vLLM's stock reload_weights vs ours (copy through the loader, and the
     flat file mapped over the weight arena), warm and cold page cache."""
@@ -224,7 +231,11 @@ def bench_reload(
         canary = c.complete("The capital of France is", max_tokens=8).token_ids
         flat_dir = work / "flat"
         c.collective_rpc("coldstart_dump_weights", kwargs={"out_dir": str(flat_dir)})
-        flat_files = [flat_dir / "weights.flat"]
+        # the packed handles' buffers beside it: what auto reads back instead of packing again
+        dumped = c.collective_rpc("coldstart_dump_packed", kwargs={"path": str(flat_dir)})
+        print(json.dumps({"dump_packed": dumped}), file=sys.stderr, flush=True)
+        # the flat file and the packed dump beside it: evicted and pre-read together
+        flat_files = [flat_dir / "weights.flat", *sorted(flat_dir.glob("packed-*/weights.flat"))]
         st_files = sorted(model.glob("*.safetensors"))
         nbytes = {m: flat_files[0].stat().st_size for m in chosen}
         nbytes["stock"] = sum(p.stat().st_size for p in st_files)
@@ -272,14 +283,23 @@ def bench_reload(
                     row = {"bench": "reload", "model": size, "method": method, "cache": cache, "rep": rep,
                            "resident_before": round(resident, 4),
                            "seconds": worker_s if worker_s is not None else wall, "wall_seconds": round(wall, 6),
-                           "bytes": nbytes[method], "canary_ok": ok, "canary_s": round(canary_s, 6),
+                           "bytes": r0.get("bytes_read", nbytes[method]), "canary_ok": ok,
+                           "canary_s": round(canary_s, 6),
                            "host_cpu_busy_s": round(busy, 3),  # every process and the kernel, over the step
                            "detail": {k: v for k, v in r0.items() if k in (
                                "mode", "map_s", "populate_s", "copied_tensors", "threads", "read_s", "o_direct",
                                "direct_choice", "auto_choice", "reader_cpus", "prepack_s", "prepacked_linears",
-                               "prepack_overlapped", "prepack_waited_s")}}
+                               "prepack_overlapped", "prepack_waited_s", "packed_refilled", "packed_bytes",
+                               "packed_read_s", "packed_refused")}}
                     rows.append(row)
                     print(json.dumps(row), file=sys.stderr, flush=True)
+                    if method == "stock" and len(chosen) > 1:
+                        # untimed: back to handles packed from the flat dump, the state a restored
+                        # server reloads from (vLLM's reload packed them from the safetensors)
+                        c.sleep(level=2)
+                        c.wake_up(["weights"])
+                        c.collective_rpc("coldstart_reload", kwargs={"path": str(flat_dir), "packed": False})
+                        c.wake_up(["kv_cache"])
                     if cache == "cold" and method == DEFAULT_RELOAD:
                         # and right after the default's cold reload (the disk's speed moves from one
                         # minute to the next): the model's safetensors, since the worker now maps the flat file

@@ -129,6 +129,23 @@ class WeightArena:
                     t.data = view  # the Parameter/buffer object keeps its identity, its data moves
         return arena
 
+    @classmethod
+    def empty(cls, sizes: dict[str, int], alignment: int = DEFAULT_ALIGNMENT) -> "WeightArena":
+        """A fresh arena of uint8 spans (name -> bytes, in dump order) whose tensors are views over
+        it: for buffers that are not torch's (vLLM's packed GEMM handles, coldstart.engine.packed),
+        pointed here by their owner."""
+        spans: list[Span] = []
+        pos = 0
+        for name, nbytes in sizes.items():
+            off = align_up(pos, alignment)
+            spans.append(Span(name, "uint8", [nbytes], off, nbytes, True))
+            pos = off + nbytes
+        size = max(align_up(pos, alignment), alignment)
+        addr = _mmap(None, size, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE)
+        arena = cls(addr=addr, size=size, alignment=alignment, spans=spans, tensors={})
+        arena.tensors = {s.name: arena.view(s) for s in spans}
+        return arena
+
     def view(self, s: Span):
         """A tensor over the arena bytes of ``s`` (shape and dtype of the tensor)."""
         import torch

@@ -26,16 +26,19 @@ beside the populate. Set
 Linear layers keep their weight as a plain tensor (the one sleep releases and a reload refills in
 place) and, while awake, serve through vLLM's own prepacked oneDNN/SGL handle built from it: the
 handle is built after loading and after every reload (``prepack``: its seconds are in the reload's
-result) and dropped at sleep level 2, before the weights are released. A handle's memory is owned
-by C++ and can be neither released nor refilled in place, so it cannot outlive a sleep; plain
-``F.linear`` on the tensor was up to 1.56× slower per GEMM (docs/engine.md).
+result); plain ``F.linear`` on the tensor was up to 1.56× slower per GEMM (docs/engine.md). At sleep
+level 2 the handles are dropped before the weights are released, unless their buffers can be
+reached (coldstart.engine.packed, oneDNN handles): then the buffers move into a packed arena of
+their own and are released with the weights, and a reload from the dump they were packed from maps
+them back from a packed dump beside it (``coldstart_dump_packed``) instead of packing again.
 
 After a map reload the weights are page-cache pages of the flat file; ``coldstart_settle()`` copies
 them into anonymous memory in a background thread and swaps the mapping in place (the restore asks
 for it after its first token: a restored server then serves from memory like a stock one's).
 
 Methods callable through POST /collective_rpc (arguments arrive as strings; JSON is decoded):
-``coldstart_reload(path, mode)``, ``coldstart_settle()``, ``coldstart_dump_weights(out_dir)``, ``coldstart_rss()``,
+``coldstart_reload(path, mode)``, ``coldstart_settle()``, ``coldstart_dump_weights(out_dir)``,
+``coldstart_dump_packed(path)``, ``coldstart_rss()``,
 ``coldstart_weights_bytes()``, ``coldstart_state()``, plus vLLM's ``sleep``/``wake_up``/``reload_weights``.
 """
 from __future__ import annotations
@@ -370,6 +373,10 @@ class ColdstartRPCMixin:
         # the weights file the arena maps leaves these out: the packed handles hold their only copy
         # (a snapshot checkpointed with --slim-weights); every sleep(2) then keeps the handles
         self._cs_absent: frozenset[str] = frozenset()
+        # Handles kept through a sleep(2) with their buffers (moved into a packed arena) released
+        # (coldstart.engine.packed): the flat dump's identity and the packed signature they stand for
+        self._cs_released: tuple[str, str] | None = None
+        self._cs_packed_arena = None  # the packed handles' buffers (a WeightArena), once a sleep moved them
 
     def coldstart_keep_packed(self, keep: Any = True) -> dict:
         """Whether the next sleep(2) keeps the linear layers' packed handles (the checkpoint asks
@@ -381,6 +388,78 @@ class ColdstartRPCMixin:
         self._cs_keep_next = bool(decode_arg(keep))
         return {"keep_next_sleep": self._cs_keep_next, "packed_from": self._cs_packed_from,
                 "packed_linears": len(packed_linears())}
+
+    def _cs_packed_layers(self) -> tuple[dict[str, torch.nn.Module], str]:
+        """The layers serving from packed handles holding copies, by their weight's name, or ({}, why not)."""
+        layers = packed_linears()
+        if not layers or not handles_hold_copies():
+            return {}, "no packed handles holding copies"
+        at = self._cs_span_at()
+        named = {at.get(layer.weight.data_ptr()): layer for layer in layers}
+        if None in named or len(named) != len(layers):
+            return {}, "a packed layer's weight lies outside the weight arena"
+        return named, ""
+
+    def _cs_packed_views(self) -> tuple[dict[str, torch.Tensor], str]:
+        """The packed handles' buffers as tensors named by their layer's weight (packed.views), or
+        ({}, why not)."""
+        from coldstart.engine import packed
+
+        named, why = self._cs_packed_layers()
+        if not named:
+            return {}, why
+        try:
+            return packed.views(named), ""
+        except packed.Unsupported as e:
+            return {}, str(e)
+
+    def _cs_adopt_packed(self) -> bool:
+        """Before a sleep releases them: the handles' buffers moved into a packed arena of their own
+        (packed.adopt: their contents are about to go, nothing is copied), unless they are there
+        already. False (and a warning) where oneDNN refuses: the handles are then dropped."""
+        from coldstart.engine import packed
+
+        named, why = self._cs_packed_layers()
+        if not named:
+            return False
+        arena = self._cs_packed_arena
+        try:
+            if arena is not None and set(named) == {s.name for s in arena.spans} and all(
+                    packed.buffer_of(layer)[0] == arena.tensors[name].data_ptr() for name, layer in named.items()):
+                return True
+            self._cs_packed_arena = packed.adopt(named, copy=False)
+        except packed.Unsupported as e:
+            log.warning("coldstart sleep(2): packed handles dropped: %s", e)
+            return False
+        trim_heap()  # what oneDNN's freed buffers leave in malloc's free lists
+        return True
+
+    def coldstart_dump_packed(self, path: str | None = None) -> dict:
+        """Write the packed handles' buffers beside the flat dump they were built from
+        (<flat>/packed-<signature>, packed.dump_dir): a reload from that dump after a sleep(2) then
+        reads them back instead of packing again. Returned, not raised, when it cannot."""
+        from coldstart.engine import packed
+        from coldstart.weights.dump import dump_tensors
+        from coldstart.weights.format import read_index
+
+        if "weights" in self._cs_sleeping:
+            return {"error": "cannot dump packed handles while the weights are released (sleep level 2)"}
+        extra = self.vllm_config.load_config.model_loader_extra_config or {}  # type: ignore[attr-defined]
+        path = decode_arg(path)
+        flat = find_flat_dir(path or self.model_config.model, None if path else extra)  # type: ignore[attr-defined]
+        index = read_index(flat)
+        ident = index_identity(index)
+        if ident is None or ident != self._cs_packed_from:
+            return {"error": f"the packed handles were not built from {flat} (dump the weights there, or reload from it)"}
+        views, why = self._cs_packed_views()
+        if not views:
+            return {"error": f"no packed buffers to dump: {why}"}
+        out_dir = packed.dump_dir(Path(index.data_file).parent, packed.signature(ident, views))
+        t0 = time.perf_counter()
+        if not (out_dir / "weights.index.json").is_file():
+            dump_tensors(sorted(views.items()), out_dir)
+        return {"dir": str(out_dir), "tensors": len(views), "bytes": sum(t.numel() for t in views.values()),
+                "seconds": round(time.perf_counter() - t0, 6)}
 
     def _cs_span_at(self) -> dict[int, str]:
         """The weight arena's in-place spans by address (a tensor's data_ptr -> its name); {} without
@@ -420,10 +499,11 @@ class ColdstartRPCMixin:
         first token; ``coldstart_state()["settle"]`` says when it is done. The thread runs at nice 19
         on every CPU the process may use (vLLM binds this worker to one core: the copy must not take
         it from the forward passes)."""
-        arena = self._cs_arena
-        if arena is None or not arena.mapped:
+        arena, parena = self._cs_arena, self._cs_packed_arena
+        packed_mapped = parena is not None and bool(parena.mapped)
+        if arena is None or not (arena.mapped or packed_mapped):
             return {"started": False, "why": "no arena mapped from a file (copy reload, GPU, or settled already)"}
-        if arena.settled_partly:
+        if arena.settled_partly and not packed_mapped:
             from coldstart.engine.arena import SETTLED_PARTLY
 
             return {"started": False, "why": SETTLED_PARTLY}
@@ -439,7 +519,11 @@ class ColdstartRPCMixin:
                 pass
             widen_thread()
             try:
-                out = arena.settle(stop=self._cs_settle_stop)
+                out = arena.settle(stop=self._cs_settle_stop) if arena.mapped and not arena.settled_partly \
+                    else {"settled": True, "bytes": 0}
+                if packed_mapped and out.get("settled"):  # then the packed handles' buffers (_cs_reload_packed)
+                    pout = parena.settle(stop=self._cs_settle_stop)
+                    out.update(settled=pout.get("settled"), packed=pout)
                 out["state"] = "done" if out.get("settled") else "stopped"
             except Exception as e:  # noqa: BLE001 - the mapped weights stay valid: log it, serve on
                 out = {"state": "failed", "error": str(e)}
@@ -448,7 +532,7 @@ class ColdstartRPCMixin:
 
         self._cs_settler = threading.Thread(target=work, name="coldstart-settle", daemon=True)
         self._cs_settler.start()
-        return {"started": True, "bytes": arena.size}
+        return {"started": True, "bytes": arena.size + (parena.size if packed_mapped else 0)}
 
     def _cs_stop_settling(self) -> None:
         """Before a sleep or a reload changes the arena: stop a settle in flight and wait for it."""
@@ -479,11 +563,14 @@ class ColdstartRPCMixin:
     def coldstart_reload(self, path: str | None = None, threads: Any = None, verify: Any = False,
                          direct: Any = None, chunk_bytes: Any = None, buffers: Any = None,
                          mode: Any = None, populate_threads: Any = 4, prepack_threads: Any = None,
-                         overlap: Any = None) -> dict:
+                         overlap: Any = None, packed: Any = None) -> dict:
         """Refill every parameter and buffer from a flat dump (``mode``: map | copy | auto, see the
         module docstring); returns the stats. ``path`` defaults to the flat dir found for the served
         model (see plugin.find_flat_dir). ``overlap`` (map mode): prepack while the populating
-        threads still fault the file in (_overlap_prepack; None: $COLDSTART_PREPACK_OVERLAP here)."""
+        threads still fault the file in (_overlap_prepack; None: $COLDSTART_PREPACK_OVERLAP here).
+        ``packed`` (map/auto): after a sleep(2) that released the packed handles' buffers, read them
+        back from the packed dump beside the flat file (coldstart_dump_packed) instead of packing
+        again, when it matches them (None/True); False packs again."""
         from coldstart.weights.loader import load_into
 
         self._cs_stop_settling()
@@ -498,6 +585,15 @@ class ColdstartRPCMixin:
             out = self._cs_reload_kept(flat, kept, int(decode_arg(populate_threads)))
             if out is not None:
                 return out
+        released, self._cs_released = self._cs_released, None  # (any other reload packs anew)
+        packed_why = ""  # why the packed handles' buffers were not mapped back (the usual path packs anew)
+        if released is not None and mode in ("map", "auto") and decode_arg(packed) is not False:
+            out = self._cs_reload_packed(flat, released, bool(decode_arg(verify)), int(decode_arg(populate_threads)),
+                                         decode_arg(prepack_threads), decode_arg(overlap) is not False)
+            if isinstance(out, dict):
+                return out
+            packed_why = out
+            log.info("coldstart reload: packing anew: %s", out)
         left_out = _left_out(flat)
         if left_out:  # only kept handles can stand for those weights, and these cannot
             log.warning("coldstart reload refused: %s", left_out)
@@ -546,6 +642,8 @@ class ColdstartRPCMixin:
                         out["resident_at_start"] = round(frac, 3)  # of the weights file, when the reload began
                     if auto_choice:
                         out["auto_choice"] = auto_choice
+                    if packed_why:
+                        out["packed_refused"] = packed_why
                     self._cs_saved_buffers = {}
                     return out
             if mode == "map":
@@ -587,6 +685,8 @@ class ColdstartRPCMixin:
             out["map_refused"] = refused
         if auto_choice:
             out["auto_choice"] = auto_choice
+        if packed_why:
+            out["packed_refused"] = packed_why
         self._cs_saved_buffers = {}
         return out
 
@@ -670,6 +770,79 @@ class ColdstartRPCMixin:
                     "seconds_rpc": round(time.perf_counter() - t0, 6), "flat": str(flat)})
         return out
 
+    def _cs_reload_packed(self, flat: Path, released: tuple[str, str], verify: bool, populate_threads: int,
+                          prepack_threads: Any, overlap: bool = True) -> dict | str:
+        """The reload after a sleep(2) that kept the packed handles and released their buffers (the
+        packed arena): the flat file mapped over the weight arena (the plain weights only a handle
+        reads are mapped, not read) and the packed dump beside it (packed.dump_dir) over the packed
+        arena, both populated side by side (``overlap`` False: one after the other): no packing.
+        Unless the file is the dump the handles were built from and the packed dump matches them,
+        why not (the caller then reloads as usual, packing anew)."""
+        from coldstart.engine import packed
+        from coldstart.errors import ColdstartError
+        from coldstart.weights.format import read_index
+
+        arena, parena = self._cs_arena, self._cs_packed_arena
+        ident, sig = released
+        if arena is None or parena is None:
+            return "no weight arena or no packed arena"
+        t0 = time.perf_counter()
+        try:
+            index = read_index(flat)
+        except ColdstartError as e:
+            return str(e)  # (the usual path reports it too)
+        if index_identity(index) != ident:
+            return f"{flat} is not the dump the packed handles were built from"
+        pdir = packed.dump_dir(Path(index.data_file).parent, sig)
+        try:
+            pindex = read_index(pdir)
+            parena.check_index(pindex)
+        except ColdstartError as e:
+            if not pdir.exists():
+                return f"no packed dump for these handles beside {flat} (coldstart_dump_packed writes one)"
+            log.warning("coldstart reload: packed dump %s refused: %s", pdir, e)
+            return f"packed dump refused: {e}"
+        only = frozenset(self._cs_handle_weights()) & frozenset(s.name for s in parena.spans)
+        if not index.absent <= only:
+            return "the weights file leaves out weights no packed handle holds"  # (refused below too)
+        background = overlap and not verify
+        try:
+            out = arena.map_file(index, threads=populate_threads, skip=only, verify=verify,
+                                 populate="background" if background else "now")
+        except ColdstartError as e:
+            if arena.mapped:
+                arena.release()
+            return f"mapping the weights refused: {e}"
+        try:
+            parena.map_file(pindex, threads=populate_threads, verify=verify,
+                           populate="background" if background else "now")
+        except ColdstartError as e:  # pack them from the plain weights mapped above
+            if parena.mapped:
+                parena.release()
+            log.warning("coldstart reload: packed dump %s refused (%s): packing anew", pdir, e)
+            out.update(self._cs_prepack(prepack_threads, touch=arena.populate_tensor, source=index))
+            out["packed_refused"] = f"packed dump refused: {e}"
+        else:
+            self._cs_packed_from = ident
+            out.update({"prepacked_linears": 0, "prepack_s": 0.0, "prepack_threads": 0,
+                        "packed_refilled": len(parena.spans), "packed_bytes": pindex.data_size})
+        try:
+            out["populate_s"] = round(arena.wait_populated(), 6)
+            if "packed_refilled" in out:
+                out["packed_populate_s"] = round(parena.wait_populated(), 6)
+        except ColdstartError as e:
+            for a in (arena, parena):
+                a.release()
+            self._cs_packed_from = None
+            return f"populating failed: {e}"
+        self._cs_absent = index.absent
+        self._cs_saved_buffers = {}
+        out.update({"bytes_read": sum(t.nbytes for t in index.tensors if t.name not in only)
+                    + (pindex.data_size if "packed_refilled" in out else 0),
+                    "mode": "map+packed" if "packed_refilled" in out else "map",
+                    "seconds_rpc": round(time.perf_counter() - t0, 6), "flat": str(flat)})
+        return out
+
     def reload_weights(self, *args, **kwargs) -> Any:
         """vLLM's reload_weights (timed); with ``weights_path`` at a flat dump, our loader instead."""
         wp = kwargs.get("weights_path")
@@ -696,6 +869,7 @@ class ColdstartRPCMixin:
         flat dump they came from (its identity is what a kept set of handles is checked against),
         None for any other."""
         self._cs_packed_from = None
+        self._cs_released = None  # (handles built anew below)
         self._cs_absent = frozenset()  # packed from weights in place: every one of them is there
         n, secs, used, waited = prepack_linears(int(threads) if threads else None, touch=touch)
         if source is not None and n:
@@ -761,8 +935,9 @@ class ColdstartRPCMixin:
                 "weights_bytes": self.coldstart_weights_bytes(),
                 "kv_bytes": sum(n for _, n in unique_storages(self._cs_kv_tensors())),
                 "arena": self._cs_arena.state() if self._cs_arena is not None else None,
+                "packed_arena": self._cs_packed_arena.state() if self._cs_packed_arena is not None else None,
                 "reload_mode": default_reload_mode(), "handles_hold_copies": handles_hold_copies(),
-                "handles_only": len(self._cs_absent),
+                "handles_only": len(self._cs_absent), "packed_released": self._cs_released is not None,
                 "last": self._cs_last, "settle": self._cs_settled}
 
 
@@ -800,7 +975,7 @@ class SleepCPUWorker(ColdstartRPCMixin, CPUWorker):
         kv_total, kv_rel = release_tensors(self._cs_kv_tensors())
         self._cs_sleeping.add("kv_cache")
         w_total = w_rel = 0
-        unpacked = kept = 0
+        unpacked = kept = released_packed = 0
         kept_weights: list[str] = []
         if level >= 2:
             keep, self._cs_keep_next = self._cs_keep_next, False
@@ -819,8 +994,19 @@ class SleepCPUWorker(ColdstartRPCMixin, CPUWorker):
             else:
                 if why_not:
                     log.warning("coldstart sleep(2): packed handles not kept: %s", why_not)
-                unpacked = unpack_linears()  # before the weights they were built from go
-                self._cs_kept = self._cs_packed_from = None
+                views, why = self._cs_packed_views() if self._cs_packed_from else ({}, "")
+                if views and self._cs_adopt_packed():
+                    # the handles stay, their buffers go: a reload may map them back from a packed dump
+                    from coldstart.engine.packed import signature
+
+                    self._cs_released = (self._cs_packed_from, signature(self._cs_packed_from, views))
+                    released_packed = self._cs_packed_arena.release()
+                else:
+                    if why:
+                        log.info("coldstart sleep(2): packed handles dropped: %s", why)
+                    unpacked = unpack_linears()  # before the weights they were built from go
+                    self._cs_packed_from = None
+                self._cs_kept = None
             model = self._cs_model()
             # like vLLM's GPU worker: buffers (rotary caches...) are not in a checkpoint; keep a copy
             self._cs_saved_buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
@@ -839,6 +1025,7 @@ class SleepCPUWorker(ColdstartRPCMixin, CPUWorker):
         self._cs_last = {"op": "sleep", "level": level, "kv_bytes": kv_total, "kv_released": kv_rel,
                          "weights_bytes": w_total, "weights_released": w_rel, "unpacked_linears": unpacked,
                          "kept_linears": kept, "kept_weights": kept_weights,
+                         "packed_released": released_packed,
                          "rss_before": rss0, "rss_after": rss_bytes(),
                          "seconds": round(time.perf_counter() - t0, 6)}
         log.info("coldstart sleep(%d): %s", level, self._cs_last)
