@@ -77,12 +77,16 @@ def reload_command(flat: Optional[Path] = typer.Argument(None, help="flat dump d
                                                          "8 on CPU, 8-16 by CPU count on CUDA]"),
                    mode: str = typer.Option("auto", "--mode", help="map (file mapped over the weight arena, CPU) "
                                             "| copy (our parallel loader) | auto (map if the layout matches)"),
+                   packed: bool = typer.Option(True, "--packed/--no-packed", help="after sleep level 2, map the "
+                                               "packed handles' buffers back from a packed dump beside the flat "
+                                               "dump (engine dump-packed) where one matches; --no-packed packs anew"),
                    url: str = URL) -> None:
     """Refill the weights from a flat dump: mapped over the weight arena, or copied in place."""
     from coldstart.engine.client import EngineClient
 
     args = [str(flat.resolve())] if flat else []
-    res = EngineClient(url).collective_rpc("coldstart_reload", args=args, kwargs={"threads": threads, "mode": mode})
+    res = EngineClient(url).collective_rpc("coldstart_reload", args=args, kwargs={"threads": threads, "mode": mode,
+                                                                           "packed": packed})
     print(json.dumps(res, indent=1))
     errs = [r["error"] for r in res if isinstance(r, dict) and r.get("error")]
     if errs:
@@ -98,6 +102,23 @@ def dump_weights_command(out: Path = typer.Argument(..., help="new directory for
 
     print(json.dumps(EngineClient(url).collective_rpc("coldstart_dump_weights", args=[str(out.resolve())]),
                      indent=1))
+
+
+def dump_packed_command(flat: Optional[Path] = typer.Argument(None, help="the flat dump the handles were packed "
+                                                                     "from [default: found from the model]"),
+                        url: str = URL) -> None:
+    """Write the packed GEMM handles' buffers beside the flat dump they were packed from
+    (<flat>/packed-<signature>): a reload from that dump after sleep level 2 then maps them back
+    instead of packing every weight again (oneDNN handles; docs/engine.md)."""
+    from coldstart.engine.client import EngineClient
+
+    res = EngineClient(url).collective_rpc("coldstart_dump_packed", kwargs={"path": str(flat.resolve()) if flat else None})
+    print(json.dumps(res, indent=1))
+    errors = [r["error"] for r in res if isinstance(r, dict) and r.get("error")]
+    if errors:
+        from coldstart.errors import ColdstartError
+
+        raise ColdstartError(errors[0])
 
 
 def complete_command(prompt: str = typer.Argument(...), max_tokens: int = typer.Option(16, "--max-tokens"),
@@ -124,6 +145,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     sub.command("wake")(wake_command)
     sub.command("reload")(reload_command)
     sub.command("dump-weights")(dump_weights_command)
+    sub.command("dump-packed")(dump_packed_command)
     sub.command("complete")(complete_command)
     sub.command("state")(state_command)
     app.add_typer(sub, name="engine")
