@@ -110,3 +110,25 @@ def test_a_corrupt_packed_dump_is_refused_and_the_layers_packed_anew(engine_serv
     assert res["prepacked_linears"] > 0 and "packed_refilled" not in res, res
     assert res["packed_refused"].startswith("packed dump refused: ") and "weights.flat" in res["packed_refused"], res
     assert _complete(client, canary_prompt) == canary
+
+
+def test_dump_packed_answers_what_it_cannot_do_and_the_engine_lives_on(engine_server, canary, canary_prompt,
+                                                                       flat_dump, tmp_path):
+    """No flat dump there, handles packed from vLLM's own reload (no flat dump's identity), weights
+    asleep: each an answer naming the problem (an exception would take the engine down)."""
+    _, client = engine_server
+    res = client.collective_rpc("coldstart_dump_packed", kwargs={"path": str(tmp_path / "missing")})[0]
+    assert res.get("error"), res
+    client.sleep(2)
+    client.wake_up(["weights"])
+    client.collective_rpc("reload_weights")  # vLLM's own, from the model's safetensors
+    client.wake_up(["kv_cache"])
+    res = client.collective_rpc("coldstart_dump_packed", kwargs={"path": str(flat_dump)})[0]
+    assert "were not built from" in res.get("error", "") or "no packed" in res.get("error", ""), res
+    client.sleep(2)
+    res = client.collective_rpc("coldstart_dump_packed", kwargs={"path": str(flat_dump)})[0]
+    assert "sleep level 2" in res.get("error", ""), res
+    client.wake_up(["weights"])
+    client.collective_rpc("coldstart_reload", kwargs={"path": str(flat_dump)})
+    client.wake_up(["kv_cache"])
+    assert _complete(client, canary_prompt) == canary

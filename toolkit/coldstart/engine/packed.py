@@ -177,19 +177,22 @@ def dump_dir(flat_dir: Path, sig: str) -> Path:
     return Path(flat_dir) / f"{PREFIX}{sig}"
 
 
-def adopt(layers: dict[str, torch.nn.Module], copy: bool = True):
+def adopt(layers: dict[str, torch.nn.Module], copy: bool = True, into=None):
     """Move the layers' packed weights into one new WeightArena laid out like their packed dump
     (sorted by name, page-aligned: ``views``/``dump_dir`` write the same layout), so that a sleep
     releases them whole and a reload maps the dump over them, as for the plain weights (oneDNN's
     own buffers are 64-byte aligned; a cold refill into them went through the page cache at
     0.58-1.66x the device on the Zen 5 host). ``copy``: with their bytes; without, the buffers read
     zeros until refilled (a sleep releases them anyway). oneDNN frees each handle's old buffer as
-    its memory is pointed here."""
+    its memory is pointed here. ``into``: an arena an earlier set of handles (since packed anew, so
+    gone) was moved into; reused when its layout is the same (its mappings are never unmapped)."""
     from coldstart.engine.arena import WeightArena
 
     api = _api()
     found = {name: _weights_memory(layers[name]) for name in sorted(layers)}
-    arena = WeightArena.empty({name: size for name, (_, _, size) in found.items()})
+    sizes = {name: size for name, (_, _, size) in found.items()}
+    same = into is not None and [(s.name, s.nbytes) for s in into.spans] == list(sizes.items())
+    arena = into if same else WeightArena.empty(sizes)
     for name, (mem, addr, size) in found.items():
         dest = arena.tensors[name].data_ptr()
         if copy:

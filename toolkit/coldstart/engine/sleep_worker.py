@@ -427,7 +427,7 @@ class ColdstartRPCMixin:
             if arena is not None and set(named) == {s.name for s in arena.spans} and all(
                     packed.buffer_of(layer)[0] == arena.tensors[name].data_ptr() for name, layer in named.items()):
                 return True
-            self._cs_packed_arena = packed.adopt(named, copy=False)
+            self._cs_packed_arena = packed.adopt(named, copy=False, into=arena)
         except packed.Unsupported as e:
             log.warning("coldstart sleep(2): packed handles dropped: %s", e)
             return False
@@ -446,8 +446,14 @@ class ColdstartRPCMixin:
             return {"error": "cannot dump packed handles while the weights are released (sleep level 2)"}
         extra = self.vllm_config.load_config.model_loader_extra_config or {}  # type: ignore[attr-defined]
         path = decode_arg(path)
-        flat = find_flat_dir(path or self.model_config.model, None if path else extra)  # type: ignore[attr-defined]
-        index = read_index(flat)
+        from coldstart.errors import ColdstartError
+
+        # returned, not raised: an exception in a collective_rpc takes vLLM's engine down
+        try:
+            flat = find_flat_dir(path or self.model_config.model, None if path else extra)  # type: ignore[attr-defined]
+            index = read_index(flat)
+        except (ColdstartError, OSError) as e:
+            return {"error": str(e)}
         ident = index_identity(index)
         if ident is None or ident != self._cs_packed_from:
             return {"error": f"the packed handles were not built from {flat} (dump the weights there, or reload from it)"}
@@ -457,7 +463,10 @@ class ColdstartRPCMixin:
         out_dir = packed.dump_dir(Path(index.data_file).parent, packed.signature(ident, views))
         t0 = time.perf_counter()
         if not (out_dir / "weights.index.json").is_file():
-            dump_tensors(sorted(views.items()), out_dir)
+            try:
+                dump_tensors(sorted(views.items()), out_dir)
+            except (ColdstartError, OSError) as e:
+                return {"error": f"writing {out_dir}: {e}"}
         return {"dir": str(out_dir), "tensors": len(views), "bytes": sum(t.numel() for t in views.values()),
                 "seconds": round(time.perf_counter() - t0, 6)}
 
