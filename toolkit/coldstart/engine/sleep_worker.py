@@ -419,7 +419,7 @@ class ColdstartRPCMixin:
         already. False (and a warning) where oneDNN refuses: the handles are then dropped."""
         from coldstart.engine import packed
 
-        named, why = self._cs_packed_layers()
+        named, _ = self._cs_packed_layers()
         if not named:
             return False
         arena = self._cs_packed_arena
@@ -439,16 +439,15 @@ class ColdstartRPCMixin:
         (<flat>/packed-<signature>, packed.dump_dir): a reload from that dump after a sleep(2) then
         reads them back instead of packing again. Returned, not raised, when it cannot."""
         from coldstart.engine import packed
+        from coldstart.errors import ColdstartError
         from coldstart.weights.dump import dump_tensors
         from coldstart.weights.format import read_index
 
+        # returned, not raised: an exception in a collective_rpc takes vLLM's engine down
         if "weights" in self._cs_sleeping:
             return {"error": "cannot dump packed handles while the weights are released (sleep level 2)"}
         extra = self.vllm_config.load_config.model_loader_extra_config or {}  # type: ignore[attr-defined]
         path = decode_arg(path)
-        from coldstart.errors import ColdstartError
-
-        # returned, not raised: an exception in a collective_rpc takes vLLM's engine down
         try:
             flat = find_flat_dir(path or self.model_config.model, None if path else extra)  # type: ignore[attr-defined]
             index = read_index(flat)
@@ -811,9 +810,9 @@ class ColdstartRPCMixin:
                 return f"no packed dump for these handles beside {flat} (coldstart_dump_packed writes one)"
             log.warning("coldstart reload: packed dump %s refused: %s", pdir, e)
             return f"packed dump refused: {e}"
+        if index.absent:  # (a sleep keeps the handles of such a file: only kept handles stand for them)
+            return "the weights file leaves out weights"
         only = frozenset(self._cs_handle_weights()) & frozenset(s.name for s in parena.spans)
-        if not index.absent <= only:
-            return "the weights file leaves out weights no packed handle holds"  # (refused below too)
         background = overlap and not verify
         try:
             out = arena.map_file(index, threads=populate_threads, skip=only, verify=verify,
@@ -844,7 +843,7 @@ class ColdstartRPCMixin:
                 a.release()
             self._cs_packed_from = None
             return f"populating failed: {e}"
-        self._cs_absent = index.absent
+        self._cs_absent = frozenset()  # (a file that leaves weights out was refused above)
         self._cs_saved_buffers = {}
         out.update({"bytes_read": sum(t.nbytes for t in index.tensors if t.name not in only)
                     + (pindex.data_size if "packed_refilled" in out else 0),
