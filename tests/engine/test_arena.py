@@ -252,3 +252,22 @@ def test_unpack_weight_rebuilds_the_plain_weight_through_the_layer_gemm():
     lin = torch.nn.Linear(1100, 70, bias=False, dtype=torch.bfloat16)
     lin.cpu_linear = lambda x, w, b: torch.nn.functional.linear(x, w, b)
     assert torch.equal(unpack_weight(lin, block=512), lin.weight.detach())
+
+
+def test_an_empty_arena_is_laid_out_like_the_dump_of_its_views(tmp_path: Path):
+    """WeightArena.empty (the packed handles' buffers, engine/packed.py): uint8 spans at the offsets
+    dump_tensors gives the same tensors in the same order, so the dump of its views maps back over
+    it; release and map round-trip the bytes."""
+    arena = WeightArena.empty({"a.weight": 5000, "b.weight": 1, "c.weight": 12288})
+    assert [s.offset % 4096 for s in arena.spans] == [0, 0, 0]
+    for i, t in enumerate(arena.tensors.values()):
+        assert t.dtype == torch.uint8 and t.data_ptr() == arena.addr + arena.spans[i].offset
+        t.copy_(torch.randint(0, 256, t.shape, dtype=torch.uint8))
+    before = {n: t.clone() for n, t in arena.tensors.items()}
+    idx = dump_tensors(sorted(arena.tensors.items()), tmp_path / "packed")
+    arena.check_index(idx)
+    arena.release()
+    assert not any(t.any() for t in arena.tensors.values())
+    arena.map_file(read_index(tmp_path / "packed"), threads=2, verify=True)
+    for n, t in arena.tensors.items():
+        assert torch.equal(t, before[n]), n
