@@ -497,6 +497,8 @@ def warm_paths(snap: Path, m: Manifest) -> list[Path]:
     paths = sorted((snap / "criu").glob("pages-*.img"))
     if m.weights.get("flat"):
         paths.append(snap / m.weights["flat"])
+    if m.weights.get("packed_dir"):  # checkpoint --packed-dump: the packed handles' buffers, mapped back too
+        paths.append(snap / m.weights["packed_dir"] / "weights.flat")
     return paths
 
 
@@ -913,7 +915,8 @@ def _wake_and_reload(client, snap: Path, m: Manifest, opts: RestoreOptions, tl: 
             mode=r0.get("mode", "stock"),
             **{k: r0[k] for k in ("auto_choice", "map_refused", "o_direct", "prepack_s", "prepacked_linears",
                                   "populate_s", "prepack_overlapped", "prepack_waited_s", "resident_at_start",
-                                  "packed_kept", "handles_only", "populated_bytes")
+                                  "packed_kept", "handles_only", "populated_bytes", "packed_refilled",
+                                  "packed_bytes", "packed_populate_s", "packed_refused")
                if r0.get(k) or (k == "resident_at_start" and r0.get(k) is not None)})
     client.wake_up(["kv_cache"])
     tl.mark(EventName.WAKE_KV)
@@ -924,7 +927,7 @@ def _settle(client, tl: Timeline) -> None:
     the background (it answers at once). A refusal or an error costs nothing but the speed-up: the
     mapped weights stay valid, so it is recorded, never a reason to fall back."""
     loaded = tl.get(EventName.WEIGHTS_LOADED)
-    if loaded is None or loaded.attrs.get("mode") != "map":
+    if loaded is None or loaded.attrs.get("mode") not in ("map", "map+packed"):
         return
     try:
         res = client.collective_rpc("coldstart_settle")
