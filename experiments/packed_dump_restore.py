@@ -3,7 +3,10 @@ CRIU image, linear weights left out of the weights file) against `coldstart chec
 --packed-dump` (the handles' buffers beside the weights file, mapped back by the reload). First
 token from the entrypoint's exec, page cache warm and dropped.
 
-    PYTHONPATH=toolkit .venv/bin/python experiments/packed_dump_restore.py --reps 5 --out results/spot-checks/packed-dump-restore
+    PYTHONPATH=toolkit .venv/bin/python experiments/packed_dump_restore.py --reps 6 --out results/spot-checks/packed-dump-restore
+
+The option was removed after this run (results/spot-checks/packed-dump-restore/README.md): run it at
+commit 934ad28.
 """
 from __future__ import annotations
 

@@ -249,9 +249,8 @@ class HostWarm:
         try:
             m = read_manifest(snapshot)
             weights = snapshot / m.weights["flat"] if m.weights.get("flat") else None
-            if weights is not None and (m.weights.get("kept_linears") or m.weights.get("packed_dir")) \
-                    and self._bulk == "profile":
-                weights = None  # its profile ranges are all a restore reads of it (not the linear weights)
+            if weights is not None and m.weights.get("kept_linears") and self._bulk == "profile":
+                weights = None  # its profile ranges are all a restore reads of it
             gate = {"gate": self.gate} if self.gate else {}
             st = None
             if self._bulk == "profile" or weights is None:

@@ -68,11 +68,6 @@ class CheckpointOptions:
     # keeps their digests; weights.format.omit_tensors), so the snapshot holds those once, packed.
     # The restored server keeps its handles through every sleep(2) and rebuilds them for a dump.
     slim_weights: bool = True
-    # CPU sleep worker: instead of keeping them in the image, write the packed handles' buffers beside
-    # the flat file (engine/packed.py: <weights>/packed-<signature>) and release them at the last
-    # sleep; the restore maps them back like the weights. The image shrinks by the packed copy, the
-    # weights file stays whole. Fails where the handles' buffers cannot be reached.
-    packed_dump: bool = False
 
 
 # Packing the linear layers after a reload costs a restore at least this much: then (by default) the
@@ -224,27 +219,14 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
                                         else pack_s is not None and pack_s >= KEEP_PACKED_MIN_S)
             if device == "cpu" and opts.keep_packed is None:
                 say(f"packing the linear layers took {pack_s or 0:.2f} s: " + (
-                    "their packed handles are kept in the image" if keep and not opts.packed_dump else
-                    "their buffers go beside the weights file (--packed-dump)" if opts.packed_dump else
+                    "their packed handles are kept in the image" if keep else
                     f"under {KEEP_PACKED_MIN_S} s, so not kept (--keep-packed keeps them)"))
-            if device == "cpu" and opts.packed_dump:
-                keep = False
-                weights.update(_dump_packed(client, staging, weights))
-                say(f"packed handles' buffers dumped: {weights['packed_dir']} "
-                    f"({weights['packed_bytes'] / 2**20:.1f} MiB)")
-                again = _rehearse(client, staging, weights, canary, opts.reload_mode, False)
-                if again:  # the refill the restore will run packed nothing
-                    raise ColdstartError(f"--packed-dump: the rehearsal reload packed the layers again ({again:.2f} s) "
-                                         "instead of mapping the packed dump back (the server log says why)")
             if keep:
                 _rehearse(client, staging, weights, canary, opts.reload_mode, True)
             _keep_packed(client, keep)
             client.sleep(level=2)
             if not client.is_sleeping():
                 raise ColdstartError("the engine did not go to sleep (level 2)")
-            if device == "cpu" and opts.packed_dump and not _last_sleep(client).get("packed_released"):
-                raise ColdstartError("--packed-dump: the last sleep did not release the packed handles' buffers "
-                                     "(the server log says why)")
             last = _last_sleep(client) if keep else {}
             kept = int(last.get("kept_linears") or 0)
             if opts.keep_packed and not kept:  # asked for by name; the default just goes without
@@ -419,15 +401,6 @@ def _rehearse(client, staging: Path, weights: dict, canary, reload_mode: str | N
                              f"canary differs (the dump or the reload is wrong): {bad}")
     secs = [r["prepack_s"] for r in res or () if isinstance(r, dict) and "prepack_s" in r]
     return max(secs) if secs else None
-
-
-def _dump_packed(client, staging: Path, weights: dict) -> dict:
-    """The packed handles' buffers written beside the flat file (coldstart_dump_packed); the
-    manifest's record of them."""
-    res = (client.collective_rpc("coldstart_dump_packed", kwargs={"path": str(staging / weights["dir"])}) or [{}])[0]
-    if res.get("error"):
-        raise ColdstartError(f"--packed-dump: {res['error']}")
-    return {"packed_dir": str(Path(res["dir"]).relative_to(staging)), "packed_bytes": res["bytes"]}
 
 
 def _keep_packed(client, keep: bool) -> None:

@@ -48,12 +48,6 @@ def checkpoint_cmd(
                                       "holds them once (bench model: ~1 GiB less on disk and in a registry). The "
                                       "restored server then keeps its handles through every sleep(2), and a dump "
                                       "of its weights rebuilds them exactly from the handles."),
-    packed_dump: bool = typer.Option(False, "--packed-dump",
-                                     help="CPU: instead of keeping the packed GEMM handles in the image, write "
-                                     "their buffers beside the weights file and release them at the last sleep; "
-                                     "the restore maps them back like the weights (oneDNN handles only: fails "
-                                     "where they cannot be reached; docs/engine.md). The image shrinks by the "
-                                     "packed copy, the weights file stays whole."),
     timeline_out: Optional[Path] = typer.Option(None, help="Append the timing events (jsonl) here."),
 ) -> None:
     """Snapshot a warmed-up vLLM server of MODEL; extra args after `--` go to vLLM."""
@@ -66,7 +60,7 @@ def checkpoint_cmd(
                              kv_cache_bytes=kv_cache_bytes, criu_variant=criu_variant,
                              sleep=False if no_sleep else None, canary_kind=canary_kind, reload_mode=reload_mode,
                              server_caps=server_caps, layout=layout, keep_packed=keep_packed,
-                             slim_weights=slim_weights, packed_dump=packed_dump)
+                             slim_weights=slim_weights)
     m, tl = checkpoint(opts, say=_say)
     Console(stderr=True).print(tl.table())
     if timeline_out:

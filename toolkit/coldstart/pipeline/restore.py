@@ -497,8 +497,6 @@ def warm_paths(snap: Path, m: Manifest) -> list[Path]:
     paths = sorted((snap / "criu").glob("pages-*.img"))
     if m.weights.get("flat"):
         paths.append(snap / m.weights["flat"])
-    if m.weights.get("packed_dir"):  # checkpoint --packed-dump: the packed handles' buffers, mapped back too
-        paths.append(snap / m.weights["packed_dir"] / "weights.flat")
     return paths
 
 
