@@ -101,25 +101,19 @@ class WeightArena:
         dump order) into a fresh arena and point it there (``t.data = view``)."""
         import torch
 
-        if alignment % os.sysconf("SC_PAGE_SIZE"):
-            raise ColdstartError(f"arena alignment {alignment} is not a multiple of the page size")
         storages: dict[int, int] = {}
         for t in named.values():
             p = t.untyped_storage().data_ptr()
             storages[p] = storages.get(p, 0) + 1
         spans: list[Span] = []
-        pos = 0
         for name, t in named.items():
             nbytes = t.numel() * t.element_size()
-            off = align_up(pos, alignment)
             st = t.untyped_storage()
             inplace = (t.device.type == "cpu" and t.is_contiguous() and t.storage_offset() == 0
                        and st.nbytes() == nbytes and storages[st.data_ptr()] == 1)
-            spans.append(Span(name, dtype_name(t.dtype), [int(s) for s in t.shape], off, nbytes, inplace))
-            pos = off + nbytes
-        size = max(align_up(pos, alignment), alignment)
-        addr = _mmap(None, size, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE)
-        arena = cls(addr=addr, size=size, alignment=alignment, spans=spans, tensors=dict(named))
+            spans.append(Span(name, dtype_name(t.dtype), [int(s) for s in t.shape], 0, nbytes, inplace))
+        arena = cls._mapped(spans, alignment)
+        arena.tensors = dict(named)
         with torch.no_grad():
             for s in spans:
                 if s.inplace:
@@ -134,17 +128,24 @@ class WeightArena:
         """A fresh arena of uint8 spans (name -> bytes, in dump order) whose tensors are views over
         it: for buffers that are not torch's (vLLM's packed GEMM handles, coldstart.engine.packed),
         pointed here by their owner."""
-        spans: list[Span] = []
+        arena = cls._mapped([Span(name, "uint8", [nbytes], 0, nbytes, True) for name, nbytes in sizes.items()],
+                            alignment)
+        arena.tensors = {s.name: arena.view(s) for s in arena.spans}
+        return arena
+
+    @classmethod
+    def _mapped(cls, spans: list[Span], alignment: int) -> "WeightArena":
+        """A fresh anonymous mapping for ``spans`` (in order), each placed at the next ``alignment``
+        boundary, as dump_tensors places them in the file (their offsets are set here)."""
+        if alignment % PAGE:
+            raise ColdstartError(f"arena alignment {alignment} is not a multiple of the page size")
         pos = 0
-        for name, nbytes in sizes.items():
-            off = align_up(pos, alignment)
-            spans.append(Span(name, "uint8", [nbytes], off, nbytes, True))
-            pos = off + nbytes
+        for s in spans:
+            s.offset = align_up(pos, alignment)
+            pos = s.offset + s.nbytes
         size = max(align_up(pos, alignment), alignment)
         addr = _mmap(None, size, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE)
-        arena = cls(addr=addr, size=size, alignment=alignment, spans=spans, tensors={})
-        arena.tensors = {s.name: arena.view(s) for s in spans}
-        return arena
+        return cls(addr=addr, size=size, alignment=alignment, spans=spans, tensors={})
 
     def view(self, s: Span):
         """A tensor over the arena bytes of ``s`` (shape and dtype of the tensor)."""

@@ -12,6 +12,16 @@ import typer
 URL = typer.Option("http://127.0.0.1:8000", "--url", help="the server's base URL")
 
 
+def _print_answers(res) -> None:
+    """Print the workers' answers; the first one that names an error becomes the command's."""
+    print(json.dumps(res, indent=1))
+    errs = [r["error"] for r in res if isinstance(r, dict) and r.get("error")]
+    if errs:
+        from coldstart.errors import ColdstartError
+
+        raise ColdstartError(errs[0])
+
+
 def serve_command(
     ctx: typer.Context,
     model: Path = typer.Argument(..., help="model directory (Hugging Face layout)"),
@@ -87,12 +97,7 @@ def reload_command(flat: Optional[Path] = typer.Argument(None, help="flat dump d
     args = [str(flat.resolve())] if flat else []
     res = EngineClient(url).collective_rpc("coldstart_reload", args=args, kwargs={"threads": threads, "mode": mode,
                                                                            "packed": packed})
-    print(json.dumps(res, indent=1))
-    errs = [r["error"] for r in res if isinstance(r, dict) and r.get("error")]
-    if errs:
-        from coldstart.errors import ColdstartError
-
-        raise ColdstartError(errs[0])
+    _print_answers(res)
 
 
 def dump_weights_command(out: Path = typer.Argument(..., help="new directory for weights.flat + index"),
@@ -112,13 +117,8 @@ def dump_packed_command(flat: Optional[Path] = typer.Argument(None, help="the fl
     instead of packing every weight again (oneDNN handles; docs/engine.md)."""
     from coldstart.engine.client import EngineClient
 
-    res = EngineClient(url).collective_rpc("coldstart_dump_packed", kwargs={"path": str(flat.resolve()) if flat else None})
-    print(json.dumps(res, indent=1))
-    errors = [r["error"] for r in res if isinstance(r, dict) and r.get("error")]
-    if errors:
-        from coldstart.errors import ColdstartError
-
-        raise ColdstartError(errors[0])
+    _print_answers(EngineClient(url).collective_rpc("coldstart_dump_packed",
+                                                    kwargs={"path": str(flat.resolve()) if flat else None}))
 
 
 def complete_command(prompt: str = typer.Argument(...), max_tokens: int = typer.Option(16, "--max-tokens"),

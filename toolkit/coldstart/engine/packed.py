@@ -8,10 +8,11 @@ cold reload could not keep up with the device. The packed bytes depend only on t
 shapes and the CPU's ISA, so they can be dumped once and read back into the same handles.
 
 No vLLM API reaches a handle's buffer. oneDNN's own C API does (``dnnl_memory_get_data_handle``,
-``dnnl_memory_get_memory_desc``, ``dnnl_memory_desc_get_size``): vLLM's extension links oneDNN in
-statically and does not export those symbols, so they are resolved from the extension's symbol
-table (pyelftools). The path from vLLM's handler object to the weights' oneDNN memory (the
-handler's map of memories, key DNNL_ARG_WEIGHTS) is checked at every step: the handler must carry
+``dnnl_memory_set_data_handle``, ``dnnl_memory_get_memory_desc``, ``dnnl_memory_desc_get_size``):
+vLLM's extension links oneDNN in statically and does not export those symbols, so they are found in
+the extension's symbol table (pyelftools reads the ELF sections). The path from vLLM's handler
+object to the weights' oneDNN memory (the handler's map of memories, key DNNL_ARG_WEIGHTS) is
+checked at every step: the handler must carry
 the layer's dimensions where this build keeps them, and the buffer must be as large as its memory
 descriptor says and at least the weight's size. Anything else raises ``Unsupported``, and the
 caller packs as before.
@@ -207,7 +208,7 @@ def adopt(layers: dict[str, torch.nn.Module], copy: bool = True, into=None):
     own buffers are 64-byte aligned; a cold refill into them went through the page cache at
     0.58-1.66x the device on the Zen 5 host). ``copy``: with their bytes; without, the buffers read
     zeros until refilled (a sleep releases them anyway). oneDNN frees each handle's old buffer as
-    its memory is pointed here. ``into``: an arena an earlier set of handles (since packed anew, so
+    its memory is pointed here (one already here is pointed at the same place). ``into``: an arena an earlier set of handles (since packed anew, so
     gone) was moved into; reused when its layout is the same (its mappings are never unmapped)."""
     from coldstart.engine.arena import WeightArena
 

@@ -413,26 +413,21 @@ class ColdstartRPCMixin:
         except packed.Unsupported as e:
             return {}, str(e)
 
-    def _cs_adopt_packed(self) -> bool:
-        """Before a sleep releases them: the handles' buffers moved into a packed arena of their own
-        (packed.adopt: their contents are about to go, nothing is copied), unless they are there
-        already. False (and a warning) where oneDNN refuses: the handles are then dropped."""
+    def _cs_adopt_packed(self) -> tuple[Any, str]:
+        """Before a sleep releases them: the handles' buffers moved into the packed arena
+        (packed.adopt: their contents are about to go, nothing is copied; handles already there are
+        pointed at the same place). (the arena, "") or (None, why not: the handles are then dropped)."""
         from coldstart.engine import packed
 
-        named, _ = self._cs_packed_layers()
+        named, why = self._cs_packed_layers()
         if not named:
-            return False
-        arena = self._cs_packed_arena
+            return None, why
         try:
-            if arena is not None and set(named) == {s.name for s in arena.spans} and all(
-                    packed.buffer_of(layer)[0] == arena.tensors[name].data_ptr() for name, layer in named.items()):
-                return True
-            self._cs_packed_arena = packed.adopt(named, copy=False, into=arena)
+            self._cs_packed_arena = packed.adopt(named, copy=False, into=self._cs_packed_arena)
         except packed.Unsupported as e:
-            log.warning("coldstart sleep(2): packed handles dropped: %s", e)
-            return False
+            return None, str(e)
         trim_heap()  # what oneDNN's freed buffers leave in malloc's free lists
-        return True
+        return self._cs_packed_arena, ""
 
     def coldstart_dump_packed(self, path: str | None = None) -> dict:
         """Write the packed handles' buffers beside the flat dump they were built from
@@ -1002,13 +997,13 @@ class SleepCPUWorker(ColdstartRPCMixin, CPUWorker):
             else:
                 if why_not:
                     log.warning("coldstart sleep(2): packed handles not kept: %s", why_not)
-                views, why = self._cs_packed_views() if self._cs_packed_from else ({}, "")
-                if views and self._cs_adopt_packed():
+                parena, why = self._cs_adopt_packed() if self._cs_packed_from else (None, "")
+                if parena is not None:
                     # the handles stay, their buffers go: a reload may map them back from a packed dump
                     from coldstart.engine.packed import signature
 
-                    self._cs_released = (self._cs_packed_from, signature(self._cs_packed_from, views))
-                    released_packed = self._cs_packed_arena.release()
+                    self._cs_released = (self._cs_packed_from, signature(self._cs_packed_from, parena.tensors))
+                    released_packed = parena.release()
                 else:
                     if why:
                         log.info("coldstart sleep(2): packed handles dropped: %s", why)
