@@ -15,9 +15,8 @@ import sys
 from pathlib import Path
 
 from coldstart.bench.host import line as host_line, watch
+from coldstart.bench.pipeline import served_with_flat
 from coldstart.bench.weights import fio_run
-from coldstart.engine.client import EngineClient
-from coldstart.engine.launcher import EngineSpec, free_port, start_engine
 from coldstart.fsutil import write_results
 from coldstart.models.tiny import cached_model
 from coldstart.warm.residency import evict_all
@@ -37,15 +36,9 @@ def main() -> None:
     variants = a.variants.split(",")
     shutil.rmtree(a.work, ignore_errors=True)
     a.work.mkdir(parents=True)
-    spec = EngineSpec(model=cached_model("bench"), run_dir=a.work / "run", port=free_port(), sleep_mode=True)
-    eng = start_engine(spec)
+    eng, c, canary, flat = served_with_flat(cached_model("bench"), a.work)
     rows = []
     try:
-        eng.wait_ready(1800)
-        c = EngineClient(spec.base_url, timeout=900)
-        canary = c.complete("The capital of France is", max_tokens=8).token_ids
-        flat = a.work / "flat"
-        c.collective_rpc("coldstart_dump_weights", kwargs={"out_dir": str(flat)})
         c.collective_rpc("coldstart_dump_packed", kwargs={"path": str(flat)})
         files = [flat / "weights.flat", *sorted(flat.glob("packed-*/weights.flat"))]
         for rep in range(a.reps):

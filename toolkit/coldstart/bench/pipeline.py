@@ -198,6 +198,27 @@ def _reload_bound(rows: list[dict], per_round: dict[int, float]) -> list[str]:
     return [line for para in out for line in ("", para)]
 
 
+def served_with_flat(model: Path, work: Path):
+    """A sleep-mode server of ``model`` (run dir under ``work``), ready, with its greedy 8-token
+    canary taken and its weights dumped to ``work``/flat: (engine, client, canary token ids, flat dir).
+    The caller stops the engine; a failure on the way stops it here."""
+    from coldstart.engine.client import EngineClient
+    from coldstart.engine.launcher import EngineSpec, start_engine
+
+    spec = EngineSpec(model=model, run_dir=work / "run", port=free_port(), sleep_mode=True)
+    eng = start_engine(spec)
+    try:
+        eng.wait_ready(1800)
+        c = EngineClient(spec.base_url, timeout=900)
+        canary = c.complete("The capital of France is", max_tokens=8).token_ids
+        flat_dir = work / "flat"
+        c.collective_rpc("coldstart_dump_weights", kwargs={"out_dir": str(flat_dir)})
+    except BaseException:
+        eng.stop()
+        raise
+    return eng, c, canary, flat_dir
+
+
 def bench_reload(
     size: str = typer.Option("bench", help="Model size (models.tiny): bench ≈ 1.3 GiB."),
     reps: int = typer.Option(5, help="Runs per (method, cache state); medians reported."),
@@ -212,8 +233,6 @@ def bench_reload(
     flat file mapped over the weight arena), warm and cold page cache."""
     import shutil
 
-    from coldstart.engine.client import EngineClient
-    from coldstart.engine.launcher import EngineSpec, start_engine
     from coldstart.bench.weights import fio_run, resident_fraction
 
     chosen = tuple(m.strip() for m in methods.split(",") if m.strip())
@@ -222,15 +241,9 @@ def bench_reload(
     model = _model(size)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    spec = EngineSpec(model=model, run_dir=work / "run", port=free_port(), sleep_mode=True)
-    eng = start_engine(spec)
+    eng, c, canary, flat_dir = served_with_flat(model, work)
     rows: list[dict] = []
     try:
-        eng.wait_ready(1800)
-        c = EngineClient(spec.base_url, timeout=900)
-        canary = c.complete("The capital of France is", max_tokens=8).token_ids
-        flat_dir = work / "flat"
-        c.collective_rpc("coldstart_dump_weights", kwargs={"out_dir": str(flat_dir)})
         # the packed handles' buffers beside it: what auto reads back instead of packing again
         dumped = c.collective_rpc("coldstart_dump_packed", kwargs={"path": str(flat_dir)})
         print(json.dumps({"dump_packed": dumped}), file=sys.stderr, flush=True)
