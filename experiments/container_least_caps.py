@@ -3,12 +3,17 @@ with its server started without capabilities (``--server-caps none``), then rest
 containers that each lack one capability of a starting set, without fallback, and record what
 failed. CRIU's restore log is kept (a host directory at /run/coldstart instead of the tmpfs).
 
-    PYTHONPATH=toolkit .venv/bin/python experiments/container_least_caps.py MODEL IMAGE WORKDIR [out.jsonl] [--round 2]
+    PYTHONPATH=toolkit .venv/bin/python experiments/container_least_caps.py MODEL IMAGE WORKDIR [out.jsonl] [--round 2|3 [--dumped]]
 
 Round 1 drops each capability of START (docker's defaults + SYS_ADMIN, SYS_PTRACE, NET_ADMIN, SYS_TIME)
 from a snapshot checkpointed with START. Round 2 restores with only what round 1 found necessary
 (MINIMAL) and without each of those, and checkpoints with MINIMAL + SETPCAP and/or SYS_PTRACE to find the
 checkpoint's own needs (without SETPCAP the server cannot be started without capabilities).
+Round 3 runs the product's checkpoint (containers.run.checkpoint: hot layout, the state tmpfs) with
+the hot layout's set (run.CHECKPOINT_CAPS) and without each of them, notes the layout it published (a failed recording
+keeps the dumped one) and restores each snapshot once in a restore container (run.RESTORE_SECURITY,
+no fallback); with ``--dumped``, one checkpoint with ``--layout dumped`` and the smaller set
+run.CHECKPOINT_CAPS_DUMPED instead.
 
 WORKDIR keeps the snapshot (reused when present) and the per-case state directories. The checkout's
 toolkit/ is mounted over the image's, so the code under test is this checkout's.
@@ -86,6 +91,32 @@ def restore(c, image: str, snap: Path, model: Path, state: Path, sec: dict, time
         ctr.remove(force=True)
 
 
+def round3(c, image: str, model: Path, work: Path, emit, dumped: bool = False) -> None:
+    """``dumped``: instead, one checkpoint with ``--layout dumped`` and run.CHECKPOINT_CAPS_DUMPED."""
+    from unittest import mock
+
+    from coldstart.pipeline.manifest import read_manifest
+
+    cases = [("checkpoint set", run.CHECKPOINT_CAPS, "hot")] + [
+        (f"checkpoint set - {cap}", [x for x in run.CHECKPOINT_CAPS if x != cap], "hot") for cap in run.CHECKPOINT_CAPS]
+    if dumped:
+        cases = [("dumped layout, its set", run.CHECKPOINT_CAPS_DUMPED, "dumped")]
+    for name, caps, layout in cases:
+        snap = work / "ckpt" / name.replace(" ", "-")
+        shutil.rmtree(snap, ignore_errors=True)
+        sec = {**run.CHECKPOINT_SECURITY, "cap_add": caps}
+        with mock.patch.object(run, "checkpoint_security", lambda extra=None, sec=sec: sec):
+            res = run.checkpoint(c, image, model, snap, extra=["--layout", layout])
+        row = {"case": name, "caps": caps, "layout_asked": layout, "seccomp": "unconfined", "exit": res.exit_code,
+               "seconds": round(res.seconds, 1), "tail": res.logs.strip().splitlines()[-1:] }
+        if res.exit_code == 0 and (snap / "manifest.json").exists():
+            row["layout"] = "hot" if read_manifest(snap).layout else "dumped"
+            row["layout_says"] = [ln[-400:] for ln in res.logs.splitlines() if "hot layout" in ln][-2:]
+            row["restore"] = restore(c, image, snap, model, work / "state", run.RESTORE_SECURITY)
+        emit(row)
+        shutil.rmtree(snap, ignore_errors=True)
+
+
 def main() -> None:
     model, image, work = Path(sys.argv[1]).resolve(), sys.argv[2], Path(sys.argv[3]).resolve()
     out = Path(sys.argv[4]) if len(sys.argv) > 4 and not sys.argv[4].startswith("--") else None
@@ -97,6 +128,8 @@ def main() -> None:
             with open(out, "a") as f:
                 f.write(json.dumps(r) + "\n")
 
+    if "--round" in sys.argv and sys.argv[sys.argv.index("--round") + 1] == "3":
+        return round3(c, image, model, work, emit, dumped="--dumped" in sys.argv)
     snap = work / "snap"
     if not (snap / "manifest.json").exists():
         emit({"case": "checkpoint", "caps": START, "seccomp": "unconfined", **checkpoint(c, image, model, snap, START)})

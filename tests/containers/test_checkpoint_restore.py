@@ -27,6 +27,7 @@ def container_snapshot(docker_client, app_image, tiny_model_dir, tmp_path_factor
     assert res.exit_code == 0, res.logs[-3000:]
     assert (res.snapshot / "manifest.json").exists()
     assert json.loads((res.snapshot / "manifest.json").read_text())["server_caps"] == []
+    assert sorted(res.caps) == run.CHECKPOINT_CAPS_DUMPED  # no restore runs in it: the smaller set
     yield res.snapshot
     shutil.rmtree(res.snapshot.parent, ignore_errors=True)  # 2.4 GB: pytest keeps three sessions' tmp dirs
 
@@ -149,15 +150,20 @@ def test_a_missing_capability_is_named_and_the_cold_boot_serves(docker_client, a
         ctr.remove(force=True)
 
 
-def _caps_in_docs(heading: str) -> list[str]:
+def _caps_in_docs(heading: str, row: str = "") -> list[str]:
+    """The capabilities of the table under ``heading`` (those whose row contains ``row``)."""
     text = DOCS.read_text()
     section = text.split(heading, 1)[1].split("\n#", 1)[0]
-    return sorted(re.findall(r"^\| `CAP_([A-Z_]+)`", section, flags=re.M))
+    return sorted(re.findall(r"^\| `CAP_([A-Z_]+)`[^\n]*" + re.escape(row), section, flags=re.M))
 
 
 def test_the_capability_lists_in_the_docs_are_what_the_containers_get():
     assert _caps_in_docs("### The restore container's capabilities") == run.RESTORE_CAPS
     assert _caps_in_docs("### The checkpoint container's capabilities") == run.CHECKPOINT_CAPS
+    assert _caps_in_docs("### The checkpoint container's capabilities", "| both |") == run.CHECKPOINT_CAPS_DUMPED
+    assert run.checkpoint_security(["--layout", "dumped"])["cap_add"] == run.CHECKPOINT_CAPS_DUMPED
+    assert run.checkpoint_security(["--layout=dumped"])["cap_add"] == run.CHECKPOINT_CAPS_DUMPED
+    assert run.checkpoint_security([])["cap_add"] == run.CHECKPOINT_CAPS
 
 
 def test_restore_in_a_container_from_a_lazy_registry_mount(docker_client, app_image, container_snapshot,
@@ -191,6 +197,7 @@ def test_a_hot_layout_checkpointed_in_a_container_restores_in_a_new_one(docker_c
     in another."""
     res = run.checkpoint(docker_client, app_image.tag, tiny_model_dir, tmp_path / "tiny-hot")
     assert res.exit_code == 0, res.logs[-3000:]
+    assert sorted(res.caps) == run.CHECKPOINT_CAPS
     manifest = json.loads((res.snapshot / "manifest.json").read_text())
     assert manifest["layout"] and manifest["layout"]["child_bytes"] > 0, res.logs[-3000:]
     assert (res.snapshot / "criu" / "parent").is_dir()

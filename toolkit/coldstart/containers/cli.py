@@ -53,7 +53,10 @@ def checkpoint_command(
     host: Optional[str] = typer.Option(None, "--host"),
 ) -> None:
     """Checkpoint MODEL inside a container of the image; the snapshot lands in OUT on the host. The
-    server runs without capabilities, so the snapshot restores in a least-privilege container."""
+    server runs without capabilities, so the snapshot restores in a least-privilege container. The
+    checkpoint's container gets SYS_ADMIN, SYS_CHROOT and SETPCAP (seccomp unconfined, for CRIU's
+    dump), and for the hot layout the restore's NET_ADMIN, SYS_TIME and DAC_OVERRIDE too (it
+    restores the snapshot once to record what a restore touches); docs/containers.md."""
     from coldstart.containers import docker_api, image, run
     from coldstart.errors import ColdstartError
 
@@ -65,7 +68,8 @@ def checkpoint_command(
     typer.echo(res.logs.rstrip())
     if res.exit_code != 0:
         raise ColdstartError(f"checkpoint container exited with {res.exit_code}")
-    typer.echo(f"snapshot: {res.snapshot} ({res.seconds:.0f} s, from the container's create call)")
+    typer.echo(f"snapshot: {res.snapshot} ({res.seconds:.0f} s, from the container's create call; "
+               f"the container's capabilities: {', '.join(res.caps)})")
 
 
 def _serve_container(ctr, port: int, t0: float, warmer=None, created_s: float | None = None,

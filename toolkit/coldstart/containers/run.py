@@ -47,7 +47,11 @@ _PRELOADED = (_native, _snapshot, _images)  # start_warming imports them lazily:
 
 CONTAINER_PORT = 8000  # the port a server listens on inside every container (the image's COLDSTART_PORT)
 RESTORE_CAPS = sorted(RESTORE_NEEDS)
+# the hot layout's checkpoint restores the snapshot once (its recording restore): the restore's set,
+# and SETPCAP to start the server without capabilities; the dumped layout's needs only SYS_ADMIN,
+# SYS_CHROOT and SETPCAP (results/containers-least-caps/round3.jsonl, docs/containers.md)
 CHECKPOINT_CAPS = sorted({*RESTORE_NEEDS, "SETPCAP"})
+CHECKPOINT_CAPS_DUMPED = ["SETPCAP", "SYS_ADMIN", "SYS_CHROOT"]
 RESTORE_SECURITY: dict[str, Any] = {"cap_drop": ["ALL"], "cap_add": RESTORE_CAPS}  # docker's default seccomp
 CHECKPOINT_SECURITY: dict[str, Any] = {"cap_drop": ["ALL"], "cap_add": CHECKPOINT_CAPS,
                                        "security_opt": ["seccomp=unconfined"]}
@@ -62,6 +66,18 @@ class CheckpointRun:
     logs: str
     seconds: float
     snapshot: Path
+    caps: list[str]  # what the checkpoint's container was granted
+
+
+def checkpoint_security(extra: list[str] | None = None) -> dict[str, Any]:
+    """The checkpoint container's settings for ``coldstart checkpoint`` given ``extra``: with
+    ``--layout dumped`` the smaller set, since no restore runs in it; otherwise the hot layout's."""
+    args = list(extra or [])
+    layout = next((a.split("=", 1)[1] for a in args if a.startswith("--layout=")), None)
+    if "--layout" in args and args.index("--layout") + 1 < len(args):
+        layout = args[args.index("--layout") + 1]
+    caps = CHECKPOINT_CAPS_DUMPED if layout == "dumped" else CHECKPOINT_CAPS
+    return {**CHECKPOINT_SECURITY, "cap_add": list(caps)}
 
 
 def security_without(cap: str) -> dict[str, Any]:
@@ -72,25 +88,27 @@ def security_without(cap: str) -> dict[str, Any]:
 def checkpoint(c, image: str, model: Path, out: Path, *, extra: list[str] | None = None) -> CheckpointRun:
     """``coldstart checkpoint`` inside a container: the model mounted read-only at its own path,
     ``out``'s parent mounted read-write at /out (the snapshot is published there by a rename), the
-    restore's state tmpfs as in a restore container (``--layout hot`` restores the snapshot once)."""
+    restore's state tmpfs as in a restore container (``--layout hot`` restores the snapshot once);
+    the least capabilities for the layout asked for (checkpoint_security)."""
     from coldstart.containers import docker_api
 
     model, out = Path(model).resolve(), Path(out).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     cmd = ["checkpoint", str(model), "--out", f"/out/{out.name}", "--port", str(CONTAINER_PORT),
            "--server-caps", "none", *(extra or [])]
+    security = checkpoint_security(extra)
     t0 = time.monotonic()
     ctr = c.containers.run(image, cmd, entrypoint=["coldstart"], detach=True, shm_size=SHM_SIZE,
                            network=docker_api.ensure_network(c), tmpfs=STATE_TMPFS,
                            volumes={str(model): {"bind": str(model), "mode": "ro"},
                                     str(out.parent): {"bind": "/out", "mode": "rw"}},
-                           environment={"TMPDIR": "/out"}, **CHECKPOINT_SECURITY)
+                           environment={"TMPDIR": "/out"}, **security)
     try:
         res = ctr.wait(timeout=900)
         logs = ctr.logs(stdout=True, stderr=True).decode(errors="replace")
     finally:
         ctr.remove(force=True)
-    return CheckpointRun(int(res.get("StatusCode", -1)), logs, time.monotonic() - t0, out)
+    return CheckpointRun(int(res.get("StatusCode", -1)), logs, time.monotonic() - t0, out, security["cap_add"])
 
 
 def create_restore(c, image: str, snapshot: Path, model: Path, host_port: int, *, name: str | None = None,
