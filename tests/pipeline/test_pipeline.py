@@ -269,6 +269,7 @@ def test_restored_greedy_output_equals_a_stock_server(snapshot, tiny_model_dir):
         assert loaded.attrs.get("mode") == "map", loaded.attrs
         asked = next(e for e in res.timeline.events if e.name == "SETTLE_ASKED").attrs
         assert asked["started"], asked
+        assert 0 < asked["bytes"] < m.weights["bytes"], asked  # not the spans only the kept handles read
         deadline = time.monotonic() + 120
         while (st := c.collective_rpc("coldstart_state")[0])["settle"].get("state") == "running":
             assert time.monotonic() < deadline, st["settle"]

@@ -188,6 +188,12 @@ class WeightArena:
         if index.data_size != self.size:
             raise ColdstartError(f"flat file size {index.data_size} does not match the weight arena ({self.size} bytes)")
 
+    def settle_bytes(self) -> int:
+        """What ``settle`` will copy: the arena less the lazy spans (0 when nothing is mapped)."""
+        if not self.mapped or self.settled_partly:
+            return 0
+        return sum(n for _, n in self.extents(set(self.lazy)))
+
     def extents(self, skip: frozenset[str] | set[str] = frozenset()) -> list[tuple[int, int]]:
         """Page-aligned (offset, length) runs of the arena covering every span not named in ``skip``
         (merged where they touch); the whole arena when nothing is skipped."""

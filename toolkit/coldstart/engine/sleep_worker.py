@@ -535,7 +535,8 @@ class ColdstartRPCMixin:
 
         self._cs_settler = threading.Thread(target=work, name="coldstart-settle", daemon=True)
         self._cs_settler.start()
-        return {"started": True, "bytes": arena.size + (parena.size if packed_mapped else 0)}
+        # the bytes it will copy: the spans map_file left lazy (those only kept handles read) stay mapped
+        return {"started": True, "bytes": arena.settle_bytes() + (parena.settle_bytes() if packed_mapped else 0)}
 
     def _cs_stop_settling(self) -> None:
         """Before a sleep or a reload changes the arena: stop a settle in flight and wait for it."""
