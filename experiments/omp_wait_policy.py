@@ -13,6 +13,7 @@ rounds alternating the order.
     PYTHONPATH=toolkit .venv/bin/python experiments/omp_wait_policy.py conc REPS
     PYTHONPATH=toolkit .venv/bin/python experiments/omp_wait_policy.py serve ROUNDS
 
+VARIANTS=spin,spin10k compares libgomp's default spin with a shorter one (GOMP_SPINCOUNT=10000).
 Snapshots under WORK (default /var/tmp/coldstart-omp-wait), made once.
 """
 from __future__ import annotations
@@ -31,7 +32,10 @@ from coldstart.engine.launcher import free_port
 from coldstart.models.tiny import cached_model
 
 WORK = Path(os.environ.get("WORK", "/var/tmp/coldstart-omp-wait"))
-VARIANTS = {"spin": {}, "passive": {"OMP_WAIT_POLICY": "PASSIVE"}}
+VARIANTS = {"spin": {}, "passive": {"OMP_WAIT_POLICY": "PASSIVE"},
+            "spin10k": {"GOMP_SPINCOUNT": "10000"}}  # libgomp's default spin is 300000 rounds
+# which variants a run compares (default: the first two); e.g. VARIANTS=spin,spin10k
+CHOSEN = os.environ.get("VARIANTS", "spin,passive").split(",")
 
 
 def snapshot(variant: str) -> Path:
@@ -56,7 +60,7 @@ def _stat() -> dict[str, int]:
 
 
 def conc(reps: int) -> None:
-    snaps = {v: snapshot(v) for v in VARIANTS}
+    snaps = {v: snapshot(v) for v in CHOSEN}
     for rep in range(reps):
         for v, snap in (snaps.items() if rep % 2 == 0 else reversed(snaps.items())):
             for n in (1, 4):
@@ -73,7 +77,7 @@ def conc(reps: int) -> None:
 
 
 def serve(rounds: int) -> None:
-    snaps = {v: snapshot(v) for v in VARIANTS}
+    snaps = {v: snapshot(v) for v in CHOSEN}
     model = cached_model("bench")
     work = Path(tempfile.mkdtemp(prefix="omp-serve-"))
     for rnd in range(rounds):
