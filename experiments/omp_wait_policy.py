@@ -25,6 +25,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from unittest import mock
 
 from coldstart.bench.pipeline import _read, kill_restored, restore_from_exec
 from coldstart.bench.serve import _restore, _served_name, _settled, vllm_bench
@@ -43,13 +44,8 @@ def snapshot(variant: str) -> Path:
 
     out = WORK / f"bench-{variant}"
     if not (out / "manifest.json").exists():
-        old = {k: os.environ.get(k) for k in VARIANTS[variant]}
-        os.environ.update(VARIANTS[variant])
-        try:
+        with mock.patch.dict(os.environ, VARIANTS[variant]):  # the server inherits the checkpoint's environment
             checkpoint(CheckpointOptions(model=cached_model("bench"), out=out, port=free_port()), say=lambda s: None)
-        finally:
-            for k, v in old.items():
-                os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
     return out
 
 
