@@ -106,6 +106,23 @@ def test_host_warms_the_restores_helpers_and_the_snapshots_metadata_first(docker
     assert w.stats is not None and w.stats.bytes > 0
 
 
+def test_the_entry_probe_times_the_entrypoints_start_in_the_restores_container(docker_client, app_image,
+                                                                              container_snapshot, tiny_model_dir):
+    """bench container's entry probe: the restore's container running only what the entrypoint does
+    before ENTRY_READY, timed from the create call; with the host warming, the warmer is stopped when
+    the probe ends and its record kept."""
+    from coldstart.bench.containers import one_start
+    from coldstart.containers import docker_api
+
+    layers = docker_api.image_layers(docker_client, app_image.tag)
+    row = one_start(docker_client, app_image.tag, "entry", tiny_model_dir, container_snapshot, layers)
+    assert "error" not in row, row
+    assert 0 < row["created_s"] <= row["exec_s"] <= row["entry_s"] < 60, row
+    row = one_start(docker_client, app_image.tag, "entry+hostwarm", tiny_model_dir, container_snapshot, layers)
+    assert "error" not in row and row["exec_s"] <= row["entry_s"], row
+    assert row["host_warm"]["error"] is None and row["host_warm"]["early"]["files"] > 0, row
+
+
 def test_the_early_files_of_a_hot_layout_include_the_parents_pagemaps(tmp_path):
     snap = tmp_path / "snap"
     (snap / "criu" / "parent").mkdir(parents=True)

@@ -24,6 +24,12 @@ from coldstart.warm.residency import evict_all
 
 Say = Callable[[str], None]
 
+# The entrypoint's work before ENTRY_READY (pipeline.entry.run's imports and argument parsing), run in
+# place of the restore by the "entry" probe; prints the wall time of its first line and of its end.
+ENTRY_PROBE = ("import time; t = time.time(); import coldstart.main; from coldstart.pipeline import entry; "
+               "entry.parser().parse_args(['/snapshot']); import coldstart.pipeline.events, coldstart.registry.mount, "
+               "coldstart.pipeline.restore; print(repr(t), repr(time.time()))")
+
 
 def wait_port_closed(port: int, timeout: float = 60.0) -> None:
     """Until nothing listens on 127.0.0.1:``port`` (the previous server must be gone: else a restore
@@ -72,11 +78,14 @@ def one_start(c, image: str, method: str, model: Path, snap: Path, layers: list[
               host_warm: dict | None = None, env: dict[str, str] | None = None, decoy: Path | None = None) -> dict:
     """One container start, timed from the docker-py create call (COLDSTART_T0, passed in) to the first
     completion through the published port. ``method``: naive | restore | restore+hostwarm |
-    restore+load (``layers``: the image's layer dirs, docker_api.image_layers, looked up before the
+    restore+load | entry | entry+hostwarm (``layers``: the image's layer dirs, docker_api.image_layers, looked up before the
     clock starts; ``host_warm``: run.HostWarm's shape, its defaults when None; ``env``: more of the
     restore container's environment). restore+load: the plain restore, while the host warmer warms
     ``decoy``, a cold copy of the snapshot, from the create call: the warming's load on the CPUs and
-    the disk without what it is for (make_decoy)."""
+    the disk without what it is for (make_decoy). entry: the restore's container, same image, mounts,
+    network and security, running only what the entrypoint does before ENTRY_READY (ENTRY_PROBE), to
+    its end ("entry_s") and its first line of Python ("exec_s"), from the create call; entry+hostwarm:
+    the same while the host warms the snapshot as for restore+hostwarm (cancelled when it ends)."""
     from coldstart.containers import run
     from coldstart.engine.launcher import free_port
     from coldstart.bench.warm import block_device, device_read_bytes, host_cpu_busy_s
@@ -87,7 +96,7 @@ def one_start(c, image: str, method: str, model: Path, snap: Path, layers: list[
     busy0 = host_cpu_busy_s()
     t0, wall0 = time.monotonic(), time.time()
     warmer = None
-    if method == "restore+hostwarm":
+    if method in ("restore+hostwarm", "entry+hostwarm"):
         warmer = run.host_warm(snap, layers, **(host_warm or {}))
     elif method == "restore+load":
         if decoy is None:
@@ -95,6 +104,9 @@ def one_start(c, image: str, method: str, model: Path, snap: Path, layers: list[
         warmer = run.host_warm(decoy, layers, **(host_warm or {}))
     if method == "naive":
         ctr = run.create_naive(c, image, model, port)
+    elif method.startswith("entry"):
+        ctr = run.create_restore(c, image, snap, model, port, entrypoint=["python", "-c", ENTRY_PROBE],
+                                 host_warms=method == "entry+hostwarm")
     else:
         ctr = run.create_restore(c, image, snap, model, port, env={**(env or {}), "COLDSTART_T0": repr(wall0)},
                                  host_warms=method == "restore+hostwarm")
@@ -104,6 +116,9 @@ def one_start(c, image: str, method: str, model: Path, snap: Path, layers: list[
         row["started_s"] = round(time.monotonic() - t0, 3)
         if warmer is not None:
             warmer.container_started()
+        if method.startswith("entry"):
+            row.update(_entry_times(ctr, wall0))
+            return row  # (finally below still adds the warmer's record to it)
         t1 = first_completion(port, str(model), t0 + 900, ctr)
         row["first_token_s"] = round(t1 - t0, 3)
         row["disk_read_bytes"] = device_read_bytes(dev) - read0
@@ -120,12 +135,25 @@ def one_start(c, image: str, method: str, model: Path, snap: Path, layers: list[
     finally:
         if warmer is not None:
             warmer.container_started()  # (a failed start call never opened its gate)
+            if method.startswith("entry"):
+                warmer.cancel()  # the probe is over: what is left of the warming is the restore's
             st = warmer.wait()
             row["host_warm"] = {"bytes": getattr(st, "bytes", None), "seconds": getattr(st, "seconds", None),
                                 "error": warmer.error, "early": warmer.early,
                                 **(warmer.ahead.result() if warmer.ahead is not None else {})}
         ctr.remove(force=True)
     return row
+
+
+def _entry_times(ctr, wall0: float) -> dict:
+    """The entry probe's two wall times (ENTRY_PROBE's line), from the create call."""
+    res = ctr.wait(timeout=120)
+    logs = ctr.logs().decode(errors="replace")
+    try:
+        ts, te = (float(x) for x in logs.split()[-2:])
+    except ValueError:
+        raise RuntimeError(f"entry probe exited {res.get('StatusCode')}: {logs[-300:]}") from None
+    return {"exec_s": round(ts - wall0, 3), "entry_s": round(te - wall0, 3)}
 
 
 def new_to_node(snap: Path) -> None:
@@ -248,7 +276,8 @@ def run_bench(c, image: str, cases: list[tuple[str, Path, Path]], *, reps: int, 
     naive starts, run with the first. One record per (case, method, cache, rep);
     restore+hostwarm runs in cold cells only (with a warm cache it is the plain restore), restore+load
     in warm cells only (its decoy evicted before each start). The order of
-    the methods turns around every repetition. Before them, per snapshot, one restore that is the
+    the methods turns around every repetition. entry+hostwarm, like restore+hostwarm, runs in cold
+    cells only; a warm entry follows one unmeasured entry. Before them, per snapshot, one restore that is the
     first on this node (row "first-on-node"). A warm restore cell follows one unmeasured restore of
     the same snapshot (row "prewarm"): else whatever ran before it (a naive start, a dropped cache)
     decides what "warm" holds. ``naive_reps``: repetitions of the naive start (minutes each for the
@@ -274,7 +303,7 @@ def run_bench(c, image: str, cases: list[tuple[str, Path, Path]], *, reps: int, 
     for rep in range(reps):
         for size, model, snap in cases:
             for cache in caches:
-                ms = [m for m in methods if not (m == "restore+hostwarm" and cache == "warm")
+                ms = [m for m in methods if not (m in ("restore+hostwarm", "entry+hostwarm") and cache == "warm")
                       and not (m == "restore+load" and cache == "cold")
                       and not (m == "naive" and (rep >= (reps if naive_reps is None else naive_reps)
                                                  or naive_case[model] != size))]
@@ -288,6 +317,8 @@ def run_bench(c, image: str, cases: list[tuple[str, Path, Path]], *, reps: int, 
                         rows.append({"size": size, "method": "prewarm", "cache": cache, "rep": rep,
                                      **one_start(c, image, "restore", model, snap, layers)})
                         say(json.dumps(rows[-1]))
+                    elif method == "entry":  # warm: the image's files as a restore just left them
+                        one_start(c, image, "entry", model, snap, layers)
                     if method == "restore+load":
                         evict_all([decoy])
                     row = {"size": size, "method": method, "cache": cache, "rep": rep, "model": model.name,
@@ -342,6 +373,40 @@ def _per_start_bounds(rows: list[dict], sizes: list[str]) -> list[str]:
     return out if n else []
 
 
+def _entry_floor(rows: list[dict], sizes: list[str]) -> list[str]:
+    """What a dropped page cache costs before any of the restore's code runs, probed in the same run
+    (method entry): the entry's cold time, the smaller of without and with the host warming, less its
+    warm time. The overlapped-warming check again, with that cost added to the warm restore in the
+    bound: max(warm restore + the entry's cold cost, bytes read / the disk's bandwidth)."""
+    out = ["", "Before the restore's code runs: the entrypoint's own start (docker's create and start, the "
+           "interpreter, the imports and arguments before ENTRY_READY), probed in the same run by a container "
+           "like the restore's (image, mounts, network, security) that runs only that part (method entry), "
+           "from the create call to its end. Its files are read from the first milliseconds on, so warming "
+           "started at the create call cannot take its cold cost off (entry + host warming: the same probe "
+           "with the host warming the snapshot). Cold cost: the smaller of the two cold probes less the warm "
+           "one. The same check as above, with that cost added to the warm restore in the bound.", "",
+           "| model | entry, warm (s) | entry, cold (s) | entry + host warming, cold (s) | cold cost (s) "
+           "| bound (s) | bound with the entry's cold cost (s) | restore + host warming (s) | ratio |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    n = 0
+    for size in sizes:
+        sel = lambda m, c: [r for r in rows if r["size"] == size and r["method"] == m and r.get("cache") == c]  # noqa: E731
+        ew, ec, eh = (_med(sel(m, c), "entry_s") for m, c in (("entry", "warm"), ("entry", "cold"),
+                                                               ("entry+hostwarm", "cold")))
+        warm, hw = _med(sel("restore", "warm")), _med(sel("restore+hostwarm", "cold"))
+        disk = next((r for r in rows if r["size"] == size and r["method"] == "disk"), None)
+        nbytes = _med(sel("restore", "cold"), "disk_read_bytes")
+        if ew is None or ec is None or warm is None or hw is None:
+            continue
+        cost = max(min(x for x in (ec, eh) if x is not None) - ew, 0.0)
+        read_s = nbytes / disk["bw_bytes_s"] if disk and nbytes is not None else 0.0
+        bound, floor = max(warm, read_s), max(warm + cost, read_s)
+        n += 1
+        out.append(f"| {size} | {ew:.3f} | {ec:.3f} | {'-' if eh is None else f'{eh:.3f}'} | {cost:.3f} | {bound:.2f} "
+                   f"| {floor:.2f} | {hw:.2f} | **{hw / floor:.2f}x** |")
+    return out if n else []
+
+
 def render(rows: list[dict], host: str, command: str) -> str:
     """Medians per (model, cache, method); the speed-up of the restore over the naive start; and the
     overlapped-warming check: cold restore+hostwarm against max(warm restore, bytes a cold restore
@@ -387,6 +452,7 @@ def render(rows: list[dict], host: str, command: str) -> str:
         L.append(f"| {size} | {disk['gib_s']:.2f} | {nbytes / 2**30:.2f} | {read_s:.2f} | {warm:.2f} | {bound:.2f} "
                  f"| {hw:.2f} | **{hw / bound:.2f}x** | {_fmt(cold)} |")
     L += _per_start_bounds(rows, sizes)
+    L += _entry_floor(rows, sizes)
     loaded = [size for size in sizes if any(r["size"] == size and r["method"] == "restore+load" for r in rows)]
     if loaded:
         L += ["", "The warming's own cost: a warm restore while the same host warmer, started at the create "

@@ -163,9 +163,11 @@ def bench_container(
     caches: str = typer.Option("warm,cold", help="page-cache states (cold: dropped before each start)"),
     layouts: str = typer.Option("hot", help="snapshot layouts (`coldstart checkpoint --layout`), each a case "
                                 "per model (named e.g. bench-hot); a model's naive starts run once, with its first"),
-    methods: str = typer.Option("naive,restore,restore+hostwarm",
+    methods: str = typer.Option("naive,restore,restore+hostwarm,entry,entry+hostwarm",
                                 help="naive | restore | restore+hostwarm | restore+load (a warm restore while "
-                                "the host warmer reads a cold copy of the snapshot: the warming's own cost)"),
+                                "the host warmer reads a cold copy of the snapshot: the warming's own cost) | "
+                                "entry, entry+hostwarm (the restore's container running only the entrypoint's "
+                                "start, to ENTRY_READY: what a cold cache costs before the restore's code)"),
     work: Path = typer.Option(Path("/var/tmp/coldstart-bench-container"), help="where the snapshots are kept"),
     out: Path = typer.Option(Path("results/container"), help="results directory (raw.jsonl, table.md, COMMAND)"),
     host: Optional[str] = typer.Option(None, "--host"),

@@ -114,7 +114,7 @@ def checkpoint(c, image: str, model: Path, out: Path, *, extra: list[str] | None
 def create_restore(c, image: str, snapshot: Path, model: Path, host_port: int, *, name: str | None = None,
                    extra: list[str] | None = None, security: dict[str, Any] | None = None,
                    env: dict[str, str] | None = None, node: Path | None | bool = True,
-                   host_warms: bool = False):
+                   host_warms: bool = False, entrypoint: list[str] | None = None):
     """A created (not started) container whose entrypoint restores ``snapshot`` (mounted read-only at
     /snapshot), with a tmpfs for its per-replica state and its port published on 127.0.0.1:``host_port``.
     ``node``: the host's node dir (True: this host's ``state.node_dir()``; False/None: none) mounted
@@ -122,7 +122,8 @@ def create_restore(c, image: str, snapshot: Path, model: Path, host_port: int, *
     (without it every container re-hashes the whole snapshot and records its profile again).
     ``host_warms``: the caller warms the snapshot from the host (``host_warm``), so the entrypoint
     leaves the profile's ranges to it (pipeline.restore.HOST_WARMS_ENV; an ``env`` that sets it wins).
-    Creating and starting are separate so that the caller can time each (and warm in between)."""
+    ``entrypoint``: another program (its argv) in the same container, e.g. the benchmark's probe of the
+    entrypoint's own start. Creating and starting are separate so that the caller can time each (and warm in between)."""
     from coldstart.containers import docker_api
 
     snapshot, model = Path(snapshot).resolve(), Path(model).resolve()
@@ -135,7 +136,9 @@ def create_restore(c, image: str, snapshot: Path, model: Path, host_port: int, *
         host_node.mkdir(parents=True, exist_ok=True)
         volumes[str(host_node.resolve())] = {"bind": NODE_MOUNT, "mode": "rw"}
         env["COLDSTART_NODE_DIR"] = NODE_MOUNT
-    return c.containers.create(image, ["/snapshot", *(extra or [])], name=name, shm_size=SHM_SIZE,
+    argv = ["/snapshot", *(extra or [])] if entrypoint is None else entrypoint[1:]
+    kw = {} if entrypoint is None else {"entrypoint": entrypoint[:1]}
+    return c.containers.create(image, argv, name=name, shm_size=SHM_SIZE, **kw,
                                network=docker_api.ensure_network(c), tmpfs=STATE_TMPFS,
                                ports={f"{CONTAINER_PORT}/tcp": ("127.0.0.1", host_port)}, environment=env,
                                volumes=volumes, **(RESTORE_SECURITY if security is None else security))
