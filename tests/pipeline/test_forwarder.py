@@ -42,3 +42,23 @@ def test_refuses_until_started_then_forwards():
     finally:
         fwd.close()
         srv.close()
+
+
+def test_relays_without_nagle_and_close_ends_open_connections():
+    """Both relayed sockets send at once (TCP_NODELAY: else each response's last segment waits for
+    the client's delayed ACK); close() ends the connections still open, not only the listener."""
+    srv, port = _echo_server()
+    fwd = Forwarder(os.getpid(), ("127.0.0.1", port), ("127.0.0.1", 0)).start()
+    try:
+        c = socket.create_connection(fwd.address, timeout=5)  # the echo server waits for its bytes
+        for _ in range(100):  # the accept thread registers the link right after connecting inside
+            if len(fwd.links) == 2:
+                break
+            threading.Event().wait(0.05)
+        links = list(fwd.links)
+        assert len(links) == 2 and all(x.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for x in links)
+        fwd.close()
+        assert c.recv(100) == b""  # ended by close()
+    finally:
+        fwd.close()
+        srv.close()
