@@ -78,8 +78,8 @@ def one_start(c, image: str, method: str, model: Path, snap: Path, layers: list[
               host_warm: dict | None = None, env: dict[str, str] | None = None, decoy: Path | None = None) -> dict:
     """One container start, timed from the docker-py create call (COLDSTART_T0, passed in) to the first
     completion through the published port. ``method``: naive | restore | restore+hostwarm |
-    restore+load | entry | entry+hostwarm (``layers``: the image's layer dirs, docker_api.image_layers, looked up before the
-    clock starts; ``host_warm``: run.HostWarm's shape, its defaults when None; ``env``: more of the
+    restore+load | entry | entry+hostwarm (``layers``: the image's layer dirs,
+    docker_api.image_layers, looked up before the clock starts; ``host_warm``: run.HostWarm's shape, its defaults when None; ``env``: more of the
     restore container's environment). restore+load: the plain restore, while the host warmer warms
     ``decoy``, a cold copy of the snapshot, from the create call: the warming's load on the CPUs and
     the disk without what it is for (make_decoy). entry: the restore's container, same image, mounts,

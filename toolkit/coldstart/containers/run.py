@@ -123,7 +123,8 @@ def create_restore(c, image: str, snapshot: Path, model: Path, host_port: int, *
     ``host_warms``: the caller warms the snapshot from the host (``host_warm``), so the entrypoint
     leaves the profile's ranges to it (pipeline.restore.HOST_WARMS_ENV; an ``env`` that sets it wins).
     ``entrypoint``: another program (its argv) in the same container, e.g. the benchmark's probe of the
-    entrypoint's own start. Creating and starting are separate so that the caller can time each (and warm in between)."""
+    entrypoint's own start. Creating and starting are separate so that the caller can time each (and
+    warm in between)."""
     from coldstart.containers import docker_api
 
     snapshot, model = Path(snapshot).resolve(), Path(model).resolve()
