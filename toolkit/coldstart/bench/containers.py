@@ -79,13 +79,14 @@ def one_start(c, image: str, method: str, model: Path, snap: Path, layers: list[
     """One container start, timed from the docker-py create call (COLDSTART_T0, passed in) to the first
     completion through the published port. ``method``: naive | restore | restore+hostwarm |
     restore+load | entry | entry+hostwarm (``layers``: the image's layer dirs,
-    docker_api.image_layers, looked up before the clock starts; ``host_warm``: run.HostWarm's shape, its defaults when None; ``env``: more of the
-    restore container's environment). restore+load: the plain restore, while the host warmer warms
-    ``decoy``, a cold copy of the snapshot, from the create call: the warming's load on the CPUs and
-    the disk without what it is for (make_decoy). entry: the restore's container, same image, mounts,
-    network and security, running only what the entrypoint does before ENTRY_READY (ENTRY_PROBE), to
-    its end ("entry_s") and its first line of Python ("exec_s"), from the create call; entry+hostwarm:
-    the same while the host warms the snapshot as for restore+hostwarm (cancelled when it ends)."""
+    docker_api.image_layers, looked up before the clock starts; ``host_warm``: run.HostWarm's shape,
+    its defaults when None; ``env``: more of the restore container's environment). restore+load: the
+    plain restore, while the host warmer warms ``decoy``, a cold copy of the snapshot, from the create
+    call: the warming's load on the CPUs and the disk without what it is for (make_decoy). entry: the
+    restore's container, same image, mounts, network and security, running only what the entrypoint
+    does before ENTRY_READY (ENTRY_PROBE), to its end ("entry_s") and its first line of Python
+    ("exec_s"), from the create call; entry+hostwarm: the same while the host warms the snapshot as
+    for restore+hostwarm (cancelled when it ends)."""
     from coldstart.containers import run
     from coldstart.engine.launcher import free_port
     from coldstart.bench.warm import block_device, device_read_bytes, host_cpu_busy_s
@@ -373,6 +374,18 @@ def _per_start_bounds(rows: list[dict], sizes: list[str]) -> list[str]:
     return out if n else []
 
 
+def _run_bound(rows: list[dict], size: str) -> dict:
+    """The run-level overlapped-warming figures of one case (medians): warm restore, cold restore with
+    host warming ("hw") and alone ("cold"), the bytes a cold restore read, the disk probe of the run,
+    and the time those bytes take at its bandwidth ("read_s"; None without the probe or the bytes)."""
+    sel = lambda m, c: [r for r in rows if r["size"] == size and r["method"] == m and r.get("cache") == c]  # noqa: E731
+    disk = next((r for r in rows if r["size"] == size and r["method"] == "disk"), None)
+    nbytes = _med(sel("restore", "cold"), "disk_read_bytes")
+    return {"disk": disk, "nbytes": nbytes, "warm": _med(sel("restore", "warm")),
+            "hw": _med(sel("restore+hostwarm", "cold")), "cold": _med(sel("restore", "cold")),
+            "read_s": nbytes / disk["bw_bytes_s"] if disk and nbytes is not None else None}
+
+
 def _entry_floor(rows: list[dict], sizes: list[str]) -> list[str]:
     """What a dropped page cache costs before any of the restore's code runs, probed in the same run
     (method entry): the entry's cold time, the smaller of without and with the host warming, less its
@@ -393,13 +406,11 @@ def _entry_floor(rows: list[dict], sizes: list[str]) -> list[str]:
         sel = lambda m, c: [r for r in rows if r["size"] == size and r["method"] == m and r.get("cache") == c]  # noqa: E731
         ew, ec, eh = (_med(sel(m, c), "entry_s") for m, c in (("entry", "warm"), ("entry", "cold"),
                                                                ("entry+hostwarm", "cold")))
-        warm, hw = _med(sel("restore", "warm")), _med(sel("restore+hostwarm", "cold"))
-        disk = next((r for r in rows if r["size"] == size and r["method"] == "disk"), None)
-        nbytes = _med(sel("restore", "cold"), "disk_read_bytes")
+        b = _run_bound(rows, size)
+        warm, hw, read_s = b["warm"], b["hw"], b["read_s"] or 0.0
         if ew is None or ec is None or warm is None or hw is None:
             continue
         cost = max(min(x for x in (ec, eh) if x is not None) - ew, 0.0)
-        read_s = nbytes / disk["bw_bytes_s"] if disk and nbytes is not None else 0.0
         bound, floor = max(warm, read_s), max(warm + cost, read_s)
         n += 1
         out.append(f"| {size} | {ew:.3f} | {ec:.3f} | {'-' if eh is None else f'{eh:.3f}'} | {cost:.3f} | {bound:.2f} "
@@ -441,16 +452,12 @@ def render(rows: list[dict], host: str, command: str) -> str:
           "| model | disk bandwidth (GiB/s) | cold restore reads (GiB) | read time (s) | warm restore (s) | bound (s) "
           "| restore + host warming (s) | ratio to bound | restore alone, cold (s) |", "|---|---|---|---|---|---|---|---|---|"]
     for size in sizes:
-        disk = next((r for r in rows if r["size"] == size and r["method"] == "disk"), None)
-        sel = lambda m, c: [r for r in rows if r["size"] == size and r["method"] == m and r.get("cache") == c]  # noqa: E731
-        warm, hw, cold = _med(sel("restore", "warm")), _med(sel("restore+hostwarm", "cold")), _med(sel("restore", "cold"))
-        nbytes = _med(sel("restore", "cold"), "disk_read_bytes")
-        if not disk or warm is None or hw is None or nbytes is None:
+        b = _run_bound(rows, size)
+        if b["read_s"] is None or b["warm"] is None or b["hw"] is None:
             continue
-        read_s = nbytes / disk["bw_bytes_s"]
-        bound = max(warm, read_s)
-        L.append(f"| {size} | {disk['gib_s']:.2f} | {nbytes / 2**30:.2f} | {read_s:.2f} | {warm:.2f} | {bound:.2f} "
-                 f"| {hw:.2f} | **{hw / bound:.2f}x** | {_fmt(cold)} |")
+        bound = max(b["warm"], b["read_s"])
+        L.append(f"| {size} | {b['disk']['gib_s']:.2f} | {b['nbytes'] / 2**30:.2f} | {b['read_s']:.2f} | {b['warm']:.2f} "
+                 f"| {bound:.2f} | {b['hw']:.2f} | **{b['hw'] / bound:.2f}x** | {_fmt(b['cold'])} |")
     L += _per_start_bounds(rows, sizes)
     L += _entry_floor(rows, sizes)
     loaded = [size for size in sizes if any(r["size"] == size and r["method"] == "restore+load" for r in rows)]

@@ -150,11 +150,7 @@ class Forwarder:
     def close(self) -> None:
         """No more connections, and the open ones ended."""
         self._stop.set()
-        for x in list(self.links):
-            try:
-                x.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        _shutdown(*self.links)
         try:
             self.sock.close()
         finally:
@@ -171,13 +167,18 @@ def _pump(a: socket.socket, b: socket.socket, links: set[socket.socket]) -> None
     except OSError:
         pass
     finally:
-        for s in (a, b):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        _shutdown(a, b)
         links.discard(a)
         try:
             a.close()
+        except OSError:
+            pass
+
+
+def _shutdown(*socks: socket.socket) -> None:
+    """Both directions of each socket ended (its relay, if any, sees EOF); already closed ones skipped."""
+    for s in socks:
+        try:
+            s.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
