@@ -70,6 +70,9 @@ def test_restore_in_a_new_container_from_a_read_only_mount(docker_client, app_im
         assert summary["restored"] is True and summary["canary_ok"] is True, summary
         ev = summary["events"]  # no COLDSTART_T0 given: the clock starts at the entrypoint's exec
         assert ev["ENTRYPOINT_START"] == 0 and 0 < ev["ENTRY_READY"] < ev["FIRST_TOKEN"], ev
+        # the server restored into the container's own network serves its port: no relay in between
+        attrs = summary["attrs"]
+        assert attrs["RESTORE_ISSUED"]["net"] == "host" and attrs["READY"]["gate"] == "opened", attrs
         out = _completion(port, str(tiny_model_dir))
         assert out["choices"][0]["text"], out
         deadline = time.monotonic() + 30
@@ -80,6 +83,46 @@ def test_restore_in_a_new_container_from_a_read_only_mount(docker_client, app_im
         caps = ctr.attrs["HostConfig"]
         assert caps["CapDrop"] == ["ALL"] and sorted(caps["CapAdd"]) == run.RESTORE_CAPS
         assert not any("seccomp=unconfined" in o for o in caps.get("SecurityOpt") or [])
+    finally:
+        ctr.remove(force=True)
+
+
+# Run in the restore's container instead of its entrypoint: the same restore, with a probe of the
+# server's port from the container's own address on the bridge (not loopback) before the canary.
+_GATE_PROBE = """
+import json, socket, urllib.error, urllib.request
+from pathlib import Path
+from coldstart.pipeline.restore import RestoreOptions, restore
+
+def status(host):
+    try:
+        with urllib.request.urlopen(f"http://{host}:8000/v1/models", timeout=30) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+me = socket.gethostbyname(socket.gethostname())
+seen = {}
+res = restore(RestoreOptions(snapshot=Path("/snapshot"), fallback=False,
+                             before_canary=lambda eng: seen.update(network=status(me), loopback=status("127.0.0.1"))))
+seen.update(restored=res.restored, after=status(me))
+print("GATE " + json.dumps(seen), flush=True)
+"""
+
+
+def test_the_restored_servers_port_answers_the_network_only_after_the_canary(docker_client, app_image,
+                                                                              container_snapshot, tiny_model_dir):
+    """Restored into the container's network, the server listens on the container's port from the
+    start; until the canary passed it answers 503 to everything not on loopback (its gate), while
+    the restore's own checks, on loopback, go through."""
+    ctr = run.create_restore(docker_client, app_image.tag, container_snapshot, tiny_model_dir, free_port(),
+                             entrypoint=["python", "-c", _GATE_PROBE])
+    try:
+        ctr.start()
+        assert ctr.wait(timeout=240)["StatusCode"] == 0, ctr.logs().decode(errors="replace")[-3000:]
+        logs = ctr.logs().decode(errors="replace")
+        line = next(ln for ln in logs.splitlines() if ln.startswith("GATE "))
+        assert json.loads(line[5:]) == {"network": 503, "loopback": 200, "restored": True, "after": 200}, logs[-2000:]
     finally:
         ctr.remove(force=True)
 

@@ -35,6 +35,7 @@ def test_the_checkpoint_job_has_the_checkpoint_containers_settings():
     assert ctr["command"] == ["coldstart"] and ctr["args"][0] == "checkpoint"
     assert ctr["args"][ctr["args"].index("--server-caps") + 1] == "none"
     assert ctr["args"][ctr["args"].index("--port") + 1] == str(run.CONTAINER_PORT)
+    assert ctr["args"][ctr["args"].index("--listen") + 1] == "0.0.0.0"  # the pod's port reaches it, no relay
     mounts = {m["mountPath"]: m for m in ctr["volumeMounts"]}
     assert set(run.STATE_TMPFS) <= set(mounts)  # the recording restore's state
     assert {"name": "TMPDIR", "value": "/out"} in ctr["env"]

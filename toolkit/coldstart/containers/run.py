@@ -13,9 +13,10 @@ docs/containers.md):
   filter (CRIU must suspend the tasks' filters to dump).
 
 Network: every container is on our bridge network (docker_api.NETWORK: its own network namespace,
-like a pod) with the server's port published on the host's loopback. Inside, the entrypoint restores
-into a private network namespace and forwards the container's port (the image's COLDSTART_* env), so
-any number of replicas of one snapshot run at once.
+like a pod) with the server's port published on the host's loopback. The checkpoint's server
+listens on the container's port on every interface (``--listen 0.0.0.0``), so a restore serves it
+with no relay; its gate (coldstart.engine.gate) answers the network 503 until the restore's canary
+passed. Each replica has its own network namespace: any number of one snapshot run at once.
 """
 from __future__ import annotations
 
@@ -95,7 +96,7 @@ def checkpoint(c, image: str, model: Path, out: Path, *, extra: list[str] | None
     model, out = Path(model).resolve(), Path(out).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     cmd = ["checkpoint", str(model), "--out", f"/out/{out.name}", "--port", str(CONTAINER_PORT),
-           "--server-caps", "none", *(extra or [])]
+           "--listen", "0.0.0.0", "--server-caps", "none", *(extra or [])]
     security = checkpoint_security(extra)
     t0 = time.monotonic()
     ctr = c.containers.run(image, cmd, entrypoint=["coldstart"], detach=True, shm_size=SHM_SIZE,
@@ -421,15 +422,17 @@ def host_warm(snapshot: Path, layers: list[Path] | None = None, **shape) -> Host
     return HostWarm(snapshot, layers, **shape)
 
 
-def create_naive(c, image: str, model: Path, host_port: int, kv_cache_bytes: int = 256 << 20):
+def create_naive(c, image: str, model: Path, host_port: int, kv_cache_bytes: int = 256 << 20,
+                 extra: list[str] | None = None):
     """The naive start a user would write: vLLM's OpenAI server in the runtime image, docker's default
-    security, the model mounted read-only, the same network and port publishing as a restore."""
+    security, the model mounted read-only, the same network and port publishing as a restore.
+    ``extra``: more vLLM arguments (e.g. ``--enforce-eager``, the flag our servers run with)."""
     from coldstart.containers import docker_api
 
     model = Path(model).resolve()
     return c.containers.create(image, ["-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                                        "--host", "0.0.0.0", "--port", str(CONTAINER_PORT), "--seed", "0",
-                                       "--kv-cache-memory-bytes", str(kv_cache_bytes)],
+                                       "--kv-cache-memory-bytes", str(kv_cache_bytes), *(extra or [])],
                                entrypoint=["python3"], shm_size=SHM_SIZE, network=docker_api.ensure_network(c),
                                ports={f"{CONTAINER_PORT}/tcp": ("127.0.0.1", host_port)},
                                volumes={str(model): {"bind": str(model), "mode": "ro"}})

@@ -95,6 +95,12 @@ class EngineClient:
             self._model = ids[0]
         return self._model
 
+    def open_gate(self) -> bool:
+        """Let clients from the network in (coldstart.engine.gate; this client must be on loopback)."""
+        from coldstart.engine.gate import OPEN_PATH
+
+        return bool(self._req("POST", OPEN_PATH)["open"])
+
     # --- dev mode (VLLM_SERVER_DEV_MODE=1)
     def sleep(self, level: int = 1) -> dict:
         return self._req("POST", "/sleep", params={"level": level})

@@ -2,7 +2,9 @@
 
 Why each setting (see ENVIRONMENT.md, vLLM section):
 - dev mode (``VLLM_SERVER_DEV_MODE=1``) exposes /sleep, /wake_up, /is_sleeping, /collective_rpc;
-- loopback only (``--host 127.0.0.1``, ``VLLM_HOST_IP``), so no external socket ends up in an image;
+- loopback by default (``--host 127.0.0.1``, ``VLLM_HOST_IP``), so no external socket ends up in an
+  image; a server checkpointed for a container listens on a wildcard address, held closed to all but
+  loopback by ``coldstart.engine.gate`` until its restore has checked it;
 - ``--enforce-eager``: the compile cache does not reload on CPU, and eager keeps the process simple;
 - the run's own directory for caches, RPC sockets and temp files: a restore needs the same paths,
   and nothing litters the system temp dir;
@@ -70,6 +72,9 @@ class EngineSpec:
     # Read-only bind mounts (source -> path) in a private mount namespace of the server's: a runtime
     # (venv) mounted lazily elsewhere, seen where its files were installed.
     binds: dict[Path, str] = field(default_factory=dict)
+    # vLLM's --middleware coldstart.engine.gate.Gate: answer 503 to clients not on loopback until a
+    # restore opens it (a checkpoint listening on a wildcard address; never a cold boot)
+    gate: bool = False
 
     def __post_init__(self) -> None:
         self.model = Path(self.model)
@@ -128,6 +133,10 @@ class EngineSpec:
             a += ["--worker-cls", self.worker_cls]
         if self.in_process_worker:
             a += ["--distributed-executor-backend", "uni"]
+        if self.gate:
+            from coldstart.engine.gate import IMPORT_PATH
+
+            a += ["--middleware", IMPORT_PATH]
         return a + list(self.extra_args)
 
     def argv(self) -> list[str]:

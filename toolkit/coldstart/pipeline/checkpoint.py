@@ -24,6 +24,7 @@ from typing import Callable
 
 from coldstart.criu import caps
 from coldstart.criu import server as _criu
+from coldstart.engine.gate import is_loopback
 from coldstart.errors import ColdstartError
 from coldstart.fsutil import fsync_dir, fsync_tree
 from coldstart.pipeline import canary as canary_mod
@@ -42,6 +43,9 @@ class CheckpointOptions:
     model: Path
     out: Path
     port: int = 8000
+    # where the server listens: loopback, or a wildcard in a container (clients then reach the restored
+    # server directly; coldstart.engine.gate keeps them out until its restore has checked it)
+    listen: str = "127.0.0.1"
     engine_args: list[str] = field(default_factory=list)
     canary_prompt: str = DEFAULT_CANARY
     canary_tokens: int = 16  # canary_kind "tokens" only
@@ -167,8 +171,8 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
                              "use --layout dumped with --criu-variant stock")
     criu = _criu.find(opts.criu_variant)  # fail before spending a minute on the engine
     host = hostfacts.collect(criu)
-    if not port_free("127.0.0.1", opts.port):
-        raise ColdstartError(f"port {opts.port} on 127.0.0.1 is busy (choose another with --port)")
+    if not port_free(opts.listen, opts.port):
+        raise ColdstartError(f"port {opts.port} on {opts.listen} is busy (choose another with --port)")
     # GPU host: vLLM's own sleep mode (CuMemAllocator) and the CRIU CUDA plugin (unverified on GPU).
     device = "cuda" if host.gpu else "cpu"
     layout = opts.layout or default_layout(opts.criu_variant, device)
@@ -183,7 +187,8 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
     shm_taken: list[Path] = []
     published = False
     try:
-        spec = EngineSpec(model=model, run_dir=staging / "run", port=opts.port, kv_cache_bytes=opts.kv_cache_bytes,
+        spec = EngineSpec(model=model, run_dir=staging / "run", port=opts.port, host=opts.listen,
+                          gate=not is_loopback(opts.listen), kv_cache_bytes=opts.kv_cache_bytes,
                           sleep_mode=sleep, extra_args=list(opts.engine_args), device=device,
                           served_model_name=opts.served_model_name, run_dir_seen_at=Path(ENGINE_RUN_DIR),
                           die_with_parent=True, drop_caps=opts.server_caps == "none")
@@ -302,7 +307,7 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
             model=str(model), model_digest=tree_digest(model),
             served_model_name=opts.served_model_name or str(model),
             engine_args=list(opts.engine_args), host=host.to_dict(), canary=canary, files=files,
-            port=opts.port, host_addr=spec.host, run_dir=ENGINE_RUN_DIR, criu_variant=opts.criu_variant,
+            port=opts.port, host_addr=spec.host, gated=spec.gate, run_dir=ENGINE_RUN_DIR, criu_variant=opts.criu_variant,
             device=device, asleep=sleep, pids=pids, weights=weights, shm_files=[p.name for p in shm_files],
             shm_modes=shm_modes, log_sizes=log_sizes, run_files=run_files, server_caps=server_caps,
             xcomp_perm=xcomp_perm, affinity=cpu_masks, coldstart_code=code_digest(),

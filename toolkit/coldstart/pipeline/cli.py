@@ -19,6 +19,10 @@ def checkpoint_cmd(
     model: Path = typer.Argument(..., help="Local Hugging Face model directory."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Snapshot directory (default: ./snapshots/<model>)."),
     port: int = typer.Option(8000, help="Port the server listens on (the restored server keeps it)."),
+    listen: str = typer.Option("127.0.0.1", help="Address the server listens on (the restored server keeps it). "
+                               "0.0.0.0 in a container: clients then reach the restored server through the "
+                               "container's port with no relay, and it answers those not on loopback with 503 "
+                               "until its restore has checked the canary (docs/containers.md)."),
     criu_variant: str = typer.Option("patched", help="patched (mmap restore) or stock criu."),
     kv_cache_bytes: int = typer.Option(256 << 20, help="vLLM --kv-cache-memory-bytes."),
     canary: str = typer.Option("The capital of France is", help="Canary prompt (greedy, seed 0)."),
@@ -56,7 +60,7 @@ def checkpoint_cmd(
     from coldstart.pipeline.checkpoint import CheckpointOptions, checkpoint
 
     out = out or Path("snapshots") / Path(model).name
-    opts = CheckpointOptions(model=model, out=out, port=port, engine_args=list(ctx.args), canary_prompt=canary,
+    opts = CheckpointOptions(model=model, out=out, port=port, listen=listen, engine_args=list(ctx.args), canary_prompt=canary,
                              kv_cache_bytes=kv_cache_bytes, criu_variant=criu_variant,
                              sleep=False if no_sleep else None, canary_kind=canary_kind, reload_mode=reload_mode,
                              server_caps=server_caps, layout=layout, keep_packed=keep_packed,

@@ -31,6 +31,7 @@ from coldstart.criu import caps
 from coldstart.criu import layout as _layout
 from coldstart.criu import server as _criu
 from coldstart.criu.restore import alive
+from coldstart.engine.gate import is_loopback
 from coldstart.engine.launcher import client_host, free_port
 from coldstart.errors import ColdstartError
 from coldstart.fsutil import will_need
@@ -552,6 +553,8 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say, r
             if fwd is not None:  # checked: clients may come in now
                 check_fwd.close()
                 fwd.start()
+            elif m.gated:
+                client.open_gate()
         except Exception as e:  # noqa: BLE001 - re-raised unless a damaged file explains it
             bad = checks.failure(timeout=60)  # a damaged file: name it, not the symptom it caused
             if bad:
@@ -559,7 +562,8 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say, r
             raise
         ft = tl.mark(EventName.FIRST_TOKEN)
         ft.attrs.update(image_pages_in_use(eng.root_pid) or {"pages_mapped_bytes": None})  # (after the mark)
-        ready = tl.mark(EventName.READY, url=base_url, pid=eng.root_pid)
+        ready = tl.mark(EventName.READY, url=base_url, pid=eng.root_pid,
+                        **({"gate": "opened"} if m.gated and fwd is None else {}))
         # the rest of a lazily mounted runtime and snapshot, in the background: the server then needs
         # neither the registry nor the link (a daemon gone with chunks unfetched is a SIGBUS on the
         # next fault)
@@ -744,9 +748,10 @@ class RestoreState:
 
 
 def _place_state(snap: Path, m: Manifest, opts: RestoreOptions, undo: contextlib.ExitStack) -> RestoreState:
-    """Make this restore's writable directory and choose its network: the host's when this restore
-    can hold the snapshot's port (a lock per host port: concurrent restores must not race for it),
-    else a private namespace."""
+    """Make this restore's writable directory and choose its network: the host's (or the container's)
+    when this restore can hold the snapshot's port (a lock per host port: concurrent restores must not
+    race for it) and the server there is where clients are to come (``_serves_listen``), else a
+    private namespace and a forwarder."""
     restores_dir().mkdir(parents=True, exist_ok=True)
     gc_restore_dirs()
     d = Path(tempfile.mkdtemp(prefix=f"{snap.name}-{os.getpid()}-", dir=restores_dir()))
@@ -754,6 +759,8 @@ def _place_state(snap: Path, m: Manifest, opts: RestoreOptions, undo: contextlib
         (d / sub).mkdir()
     write_owner(d, snap)  # `coldstart snapshot rm` refuses while this restore's entrypoint lives
     net, lock = opts.net, None
+    if net == "auto" and not _serves_listen(m, opts):
+        net = "private"
     if net in ("auto", "host"):
         lock = _claim_port(m.host_addr, m.port)
         if lock is None and net == "host":
@@ -764,6 +771,15 @@ def _place_state(snap: Path, m: Manifest, opts: RestoreOptions, undo: contextlib
     st = RestoreState(dir=d, net=net, port_lock=lock)
     undo.callback(st.release)
     return st
+
+
+def _serves_listen(m: Manifest, opts: RestoreOptions) -> bool:
+    """Whether the restored server, on this network, is where ``opts`` says clients come: its own
+    port (or none asked) and an address that ``opts.listen``'s clients reach (a server checkpointed
+    on loopback does not serve a container's published port: that takes the private net's forwarder)."""
+    if opts.port not in (None, m.port):
+        return False
+    return is_loopback(opts.listen) or not is_loopback(m.host_addr)
 
 
 def _claim_port(addr: str, port: int):

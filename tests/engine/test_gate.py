@@ -1,0 +1,70 @@
+"""The gate a snapshot's server holds its port closed with (vLLM's --middleware): until a restore
+opens it from loopback, clients from the network get 503 and loopback clients (the restore's own
+checks) pass; after it, everyone passes. Driven through a real ASGI stack (Starlette, as vLLM's
+FastAPI app), clients given their source addresses."""
+from __future__ import annotations
+
+import inspect
+
+import pytest
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+from starlette.testclient import TestClient
+
+from coldstart.engine import gate
+from coldstart.engine.launcher import EngineSpec
+
+
+@pytest.fixture()
+def app():
+    gate._state["open"] = False
+    ok = lambda request: JSONResponse({"data": ["m"]})  # noqa: E731
+    a = Starlette(routes=[Route("/v1/models", ok), Route("/sleep", ok, methods=["POST"])])
+    a.add_middleware(gate.Gate)
+    yield a
+    gate._state["open"] = False
+
+
+def _client(app, host: str) -> TestClient:
+    if "client" not in inspect.signature(TestClient).parameters:
+        pytest.skip("this Starlette's TestClient cannot set the client address")
+    return TestClient(app, client=(host, 40000))
+
+
+def test_network_clients_wait_for_the_gate_loopback_ones_do_not(app):
+    remote, local = _client(app, "172.18.0.1"), _client(app, "127.0.0.1")
+    closed = remote.get("/v1/models")
+    assert closed.status_code == 503 and closed.headers["retry-after"] == "1"
+    assert "canary" in closed.json()["error"]["message"]
+    assert local.get("/v1/models").json() == {"data": ["m"]}
+    assert local.get(gate.STATE_PATH).json() == {"open": False}
+    assert remote.post(gate.OPEN_PATH).status_code == 503  # the network cannot open it
+    assert local.post(gate.OPEN_PATH).json() == {"open": True}
+    assert remote.get("/v1/models").json() == {"data": ["m"]}
+    # vLLM's dev-mode routes (sleep, wake, collective_rpc) stay loopback-only
+    assert remote.post("/sleep").status_code == 403 and local.post("/sleep").status_code == 200
+
+
+def test_the_dev_routes_are_the_installed_vllms():
+    from fastapi import FastAPI
+    from vllm.entrypoints.rl.factories import register_rl_api_routers
+    from vllm.entrypoints.serve import register_vllm_dev_api_routers
+
+    app = FastAPI()
+    before = {r.path for r in app.routes}
+    register_vllm_dev_api_routers(app)
+    register_rl_api_routers(app)
+    assert {r.path for r in app.routes} - before == gate.DEV_PATHS
+
+
+def test_loopback_addresses():
+    assert all(gate.is_loopback(h) for h in ("127.0.0.1", "127.3.4.5", "::1", "::ffff:127.0.0.1", "localhost"))
+    assert not any(gate.is_loopback(h) for h in ("0.0.0.0", "172.18.0.1", "::", "10.1.2.3"))
+
+
+def test_only_a_gated_spec_passes_the_middleware_to_vllm(tmp_path):
+    plain = EngineSpec(model=tmp_path / "m", run_dir=tmp_path / "r").vllm_args()
+    gated = EngineSpec(model=tmp_path / "m", run_dir=tmp_path / "r", host="0.0.0.0", gate=True).vllm_args()
+    assert "--middleware" not in plain
+    assert gated[gated.index("--middleware") + 1] == gate.IMPORT_PATH == f"{gate.__name__}.{gate.Gate.__name__}"
