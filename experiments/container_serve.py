@@ -2,7 +2,8 @@
 restored server reached directly (the server restored into the container's network, its port the
 container's) against through the private network's forwarder (a snapshot checkpointed on loopback).
 
-    PYTHONPATH=toolkit .venv/bin/python experiments/container_serve.py SIZE ROUNDS OUT_DIR
+    PYTHONPATH=toolkit .venv/bin/python experiments/container_serve.py SIZE ROUNDS OUT_DIR [SERVERS [PATHS]]
+    PYTHONPATH=toolkit .venv/bin/python experiments/container_serve.py --render OUT_DIR
 
 Three containers of the app image built from this tree, up side by side: ``stock`` (vLLM's own
 server and CPU worker, `--enforce-eager` and the same KV cache as ours), ``direct`` (`coldstart
@@ -13,7 +14,8 @@ Each round, in rotating order, vLLM's serving benchmark (bench.serve.vllm_bench:
 64 tokens, 64 output tokens; concurrency 1 with 16 prompts, 8 with 32) against each server by two
 paths: ``ip`` (the container's address on the bridge, as a pod IP) and ``port`` (the port published
 on the host's loopback: docker-proxy, dockerd runs without iptables here). Rows go to
-OUT_DIR/raw.jsonl; OUT_DIR/table.md is rendered from them. Needs root and our dockerd."""
+OUT_DIR/raw.jsonl; OUT_DIR/table.md is rendered from them. SERVERS and PATHS (comma-separated) run a
+subset (default stock,direct,relay and ip,port). Needs root and our dockerd."""
 import json
 import statistics
 import subprocess
@@ -31,13 +33,16 @@ SETTLE = ("import json; from coldstart.bench.serve import _settled; "
 CONC = {1: 16, 8: 32}
 
 
-def wait_ready(ctr, timeout: float = 1800) -> None:
+def wait_ready(ctr, restored: bool, timeout: float = 1800) -> None:
+    """Until the restore's ready file exists (its canary passed; loopback reaches the server before
+    that), or the stock server answers."""
+    check = "test -f /run/coldstart/ready.json" if restored else "curl -fsS -m 2 http://127.0.0.1:8000/v1/models"
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         ctr.reload()
         if ctr.status != "running":
             raise RuntimeError(f"{ctr.name} stopped: {ctr.logs().decode(errors='replace')[-1500:]}")
-        if ctr.exec_run(["sh", "-c", "curl -fsS -m 2 http://127.0.0.1:8000/v1/models"]).exit_code == 0:
+        if ctr.exec_run(["sh", "-c", check]).exit_code == 0:
             return
         time.sleep(1)
     raise RuntimeError(f"{ctr.name} not ready in {timeout:.0f} s")
@@ -45,6 +50,8 @@ def wait_ready(ctr, timeout: float = 1800) -> None:
 
 def main() -> None:
     size, rounds, out = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
+    servers = sys.argv[4].split(",") if len(sys.argv) > 4 else ["stock", "direct", "relay"]
+    paths = sys.argv[5].split(",") if len(sys.argv) > 5 else ["ip", "port"]
     out.mkdir(parents=True, exist_ok=True)
     raw = (out / "raw.jsonl").open("a")
 
@@ -67,14 +74,14 @@ def main() -> None:
                                  capture_output=True, text=True).stdout.split("\n")[:3]})
     ctrs, urls = {}, {}
     try:
-        for name in ("stock", "direct", "relay"):
+        for name in servers:
             port = free_port()
             if name == "stock":
                 ctrs[name] = run.create_naive(c, tag, model, port, extra=["--enforce-eager"])
                 ctrs[name].start()
             else:
                 ctrs[name] = run.start_restore(c, tag, direct if name == "direct" else relay, model, port)
-            wait_ready(ctrs[name])
+            wait_ready(ctrs[name], name != "stock")
             ctrs[name].reload()
             ip = ctrs[name].attrs["NetworkSettings"]["Networks"][docker_api.NETWORK]["IPAddress"]
             urls[name] = {"ip": f"http://{ip}:8000", "port": f"http://127.0.0.1:{port}"}
@@ -90,9 +97,9 @@ def main() -> None:
             emit(info)
         names = list(ctrs)
         for rnd in range(rounds):
-            order = names[rnd % 3:] + names[:rnd % 3]
+            order = names[rnd % len(names):] + names[:rnd % len(names)]
             for name in order:
-                for path in ("ip", "port"):
+                for path in paths:
                     u = urls[name][path]
                     for conc, prompts in CONC.items():
                         f = out / "runs" / f"{rnd}-{name}-{path}-c{conc}.json"
@@ -113,24 +120,30 @@ def render(out: Path) -> None:
     rows = [json.loads(ln) for ln in (out / "raw.jsonl").read_text().splitlines()]
     runs = [r for r in rows if "round" in r]
     greedy = {r["server"]: r["greedy"] for r in rows if "greedy" in r}
-    L = ["| path | concurrency | stock tok/s | direct tok/s | relay tok/s | direct / stock (per round) | "
-         "relay / stock (per round) | median TPOT ms stock / direct / relay |", "|---|---|---|---|---|---|---|---|"]
-    for path in ("ip", "port"):
+    have = [s for s in ("stock", "direct", "relay") if any(r["server"] == s for r in runs)]
+    pairs = [(a, b) for a, b in (("direct", "stock"), ("relay", "stock"), ("direct", "relay")) if a in have and b in have]
+    L = ["| path | concurrency | " + " | ".join(f"{s} tok/s" for s in have) + " | "
+         + " | ".join(f"{a} / {b} (per round)" for a, b in pairs) + " | median TPOT ms " + " / ".join(have) + " |",
+         "|---|---|" + "---|" * (len(have) + len(pairs) + 1)]
+    for path in dict.fromkeys(r["path"] for r in runs):
         for conc in CONC:
             got = {s: {r["round"]: r for r in runs if (r["server"], r["path"], r["concurrency"]) == (s, path, conc)}
-                   for s in ("stock", "direct", "relay")}
+                   for s in have}
             tps = {s: {k: v["output_throughput"] for k, v in d.items()} for s, d in got.items()}
             med = {s: statistics.median(v.values()) for s, v in tps.items() if v}
-            ratio = {s: [tps[s][k] / tps["stock"][k] for k in sorted(tps["stock"]) if k in tps[s]]
-                     for s in ("direct", "relay")}
             tpot = {s: statistics.median(v["median_tpot_ms"] for v in d.values()) for s, d in got.items() if d}
-            L.append(f"| {path} | {conc} | " + " | ".join(f"{med.get(s, 0):.1f}" for s in ("stock", "direct", "relay"))
-                     + " | " + " | ".join(f"**{statistics.median(ratio[s]):.3f}x** ("
-                                          + ", ".join(f"{x:.3f}" for x in ratio[s]) + ")" for s in ("direct", "relay"))
-                     + " | " + " / ".join(f"{tpot.get(s, 0):.1f}" for s in ("stock", "direct", "relay")) + " |")
-    same = {s: greedy.get(s) == greedy.get("stock") for s in ("direct", "relay")}
-    L += ["", "Greedy answers (4 prompts x 32 tokens) identical to the stock container's: "
-          + ", ".join(f"{s} {'yes' if v else 'NO'}" for s, v in same.items()) + "."]
+            cells = []
+            for a, b in pairs:
+                ratio = [tps[a][k] / tps[b][k] for k in sorted(tps[b]) if k in tps[a]]
+                cells.append(f"**{statistics.median(ratio):.3f}x** (" + ", ".join(f"{x:.3f}" for x in ratio) + ")")
+            L.append(f"| {path} | {conc} | " + " | ".join(f"{med[s]:.1f}" for s in have) + " | " + " | ".join(cells)
+                     + " | " + " / ".join(f"{tpot[s]:.1f}" for s in have) + " |")
+    if "stock" in greedy:
+        L += ["", "Greedy answers (4 prompts x 32 tokens) identical to the stock container's: " + ", ".join(
+            f"{s} {'yes' if greedy[s] == greedy['stock'] else 'NO'}" for s in greedy if s != "stock") + "."]
+    elif len(greedy) > 1:
+        L += ["", "Greedy answers (4 prompts x 32 tokens) identical across the servers: "
+              + ("yes" if len({json.dumps(g) for g in greedy.values()}) == 1 else "NO") + "."]
     (out / "table.md").write_text("\n".join(L) + "\n")
     print("\n".join(L))
 
