@@ -48,6 +48,15 @@ def test_manifest_names_no_host_path(snapshot):
     assert any(k.startswith("run/") for k in m.files) and all(fe.chunks for fe in m.files.values() if fe.size)
 
 
+def test_inspect_summarises_the_snapshot_and_its_fit(snapshot):
+    snap, m = snapshot
+    p = subprocess.run([str(Path(sys.executable).with_name("coldstart")), "inspect", str(snap)],
+                       capture_output=True, text=True, timeout=120)
+    out = json.loads(p.stdout)
+    assert p.returncode == 0 and out["fits_this_host"] and out["problems"] == [], p.stderr[-2000:]
+    assert out["listens"] == f"127.0.0.1:{m.port}" and not m.gated  # a host checkpoint: loopback, no gate
+
+
 def test_restore_after_move_with_the_original_path_gone(snapshot, snapshot_copy, tmp_path):
     _, m = snapshot
     first = snapshot_copy("first")

@@ -774,11 +774,9 @@ def _place_state(snap: Path, m: Manifest, opts: RestoreOptions, undo: contextlib
 
 
 def _serves_listen(m: Manifest, opts: RestoreOptions) -> bool:
-    """Whether the restored server, on this network, is where ``opts`` says clients come: its own
-    port (or none asked) and an address that ``opts.listen``'s clients reach (a server checkpointed
-    on loopback does not serve a container's published port: that takes the private net's forwarder)."""
-    if opts.port not in (None, m.port):
-        return False
+    """Whether the restored server, on this network, is reached by ``opts.listen``'s clients: a server
+    checkpointed on loopback does not serve a container's published port (that takes the private
+    net's forwarder)."""
     return is_loopback(opts.listen) or not is_loopback(m.host_addr)
 
 
