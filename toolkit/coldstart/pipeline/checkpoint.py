@@ -90,6 +90,21 @@ def sleep_worker_available() -> bool:
     return importlib.util.find_spec("coldstart.engine.sleep_worker") is not None
 
 
+def _check_listen(addr: str, port: int) -> None:
+    """The server can listen on (addr, port) here: else one line saying why."""
+    import errno
+
+    with socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((addr, port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise ColdstartError(f"port {port} on {addr} is busy (choose another with --port)") from e
+            raise ColdstartError(f"cannot listen on {addr}:{port}: {e.strerror} (--listen takes 127.0.0.1, 0.0.0.0 "
+                                 "or an address of this host)") from e
+
+
 def port_free(host: str, port: int) -> bool:
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -171,8 +186,7 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
                              "use --layout dumped with --criu-variant stock")
     criu = _criu.find(opts.criu_variant)  # fail before spending a minute on the engine
     host = hostfacts.collect(criu)
-    if not port_free(opts.listen, opts.port):
-        raise ColdstartError(f"port {opts.port} on {opts.listen} is busy (choose another with --port)")
+    _check_listen(opts.listen, opts.port)
     # GPU host: vLLM's own sleep mode (CuMemAllocator) and the CRIU CUDA plugin (unverified on GPU).
     device = "cuda" if host.gpu else "cpu"
     layout = opts.layout or default_layout(opts.criu_variant, device)

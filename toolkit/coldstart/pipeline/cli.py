@@ -88,7 +88,7 @@ def inspect_cmd(snapshot: Path = typer.Argument(...), verify: bool = typer.Optio
     problems = validate_against_host(m, snapshot, verify=verify)
     print(json.dumps({"model": m.model, "created_at": m.created_at, "vllm": m.host.get("vllm"),
                       "bytes": sum(f.size for f in m.files.values()), "canary": m.canary.text,
-                      "layout": {"hot": m.layout} if m.layout else "dumped",
+                      "layout": {"hot": {k: v for k, v in m.layout.items() if k != "early"}} if m.layout else "dumped",
                       "listens": f"{m.host_addr}:{m.port}" + (" (gated until the canary)" if m.gated else ""),
                       "fits_this_host": not problems, "problems": problems}, indent=1))
     if problems:

@@ -214,7 +214,8 @@ def validate_against_host(m: Manifest, snapshot_dir: Path, host=None, verify: bo
                           warnings: list[str] | None = None, remap=None) -> list[str]:
     """Every reason this snapshot cannot be restored on this host, each naming what differs.
 
-    ``host`` is a ``hostfacts.HostFacts`` (collected here when None). File sizes always; the whole
+    ``host`` is a ``hostfacts.HostFacts`` (collected here when None, with the criu a restore of this
+    snapshot would run). File sizes always; the whole
     files' xxh3 when ``verify`` (the restore checks per-chunk digests instead: integrity.py).
     Differences that do not break a restore (another kernel build) go to ``warnings``.
     """
@@ -222,7 +223,13 @@ def validate_against_host(m: Manifest, snapshot_dir: Path, host=None, verify: bo
 
     snapshot_dir = Path(snapshot_dir)
     if host is None:
-        host = hostfacts.collect()
+        from coldstart.criu import server as _criu
+
+        try:
+            criu = _criu.find(m.criu_variant)
+        except ColdstartError:
+            criu = None  # compare() names it
+        host = hostfacts.collect(criu)
     problems = hostfacts.compare(m.host, host, warnings=warnings, remap=remap)  # remap: a runtime's paths
     for rel, fe in sorted(m.files.items()):
         p = snapshot_dir / rel
