@@ -4,6 +4,7 @@ checks) pass; after it, everyone passes. Driven through a real ASGI stack (Starl
 FastAPI app), clients given their source addresses."""
 from __future__ import annotations
 
+import asyncio
 import inspect
 
 import pytest
@@ -44,6 +45,38 @@ def test_network_clients_wait_for_the_gate_loopback_ones_do_not(app):
     assert remote.get("/v1/models").json() == {"data": ["m"]}
     # vLLM's dev-mode routes (sleep, wake, collective_rpc) stay loopback-only
     assert remote.post("/sleep").status_code == 403 and local.post("/sleep").status_code == 200
+
+
+def test_dev_routes_stay_closed_under_a_root_path():
+    """vLLM's --root-path: the request's path may carry it (uvicorn passes it through, Starlette strips
+    it to route); either way the dev route is closed to the network."""
+    gate._state["open"] = True
+    try:
+        for path in ("/sleep", "/sleep/", "/api/sleep", "/api/sleep/"):
+            assert asyncio.run(_status(gate.Gate(_ok), path, root_path="/api")) == 403, path
+        assert asyncio.run(_status(gate.Gate(_ok), "/api/v1/models", root_path="/api")) == 200
+    finally:
+        gate._state["open"] = False
+
+
+async def _ok(scope, receive, send):
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b""})
+
+
+async def _status(app, path: str, root_path: str = "") -> int:
+    """One request from the network through ``app`` (raw ASGI, as uvicorn sends it); its status."""
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(msg):
+        sent.append(msg)
+
+    await app({"type": "http", "method": "POST", "path": path, "root_path": root_path, "headers": [],
+               "client": ("172.18.0.1", 40000)}, receive, send)
+    return next(m["status"] for m in sent if m["type"] == "http.response.start")
 
 
 def test_the_dev_routes_are_the_installed_vllms():

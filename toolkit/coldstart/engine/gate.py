@@ -46,6 +46,15 @@ def _loopback(scope) -> bool:
     return not client or is_loopback(client[0])  # no client address: a Unix socket, local
 
 
+def _route(scope) -> str:
+    """The path a route matches: without the app's root path (vLLM's --root-path), which a server may
+    or may not be sent with the request's path."""
+    path, root = scope.get("path", ""), scope.get("root_path", "").rstrip("/")
+    if root and (path == root or path.startswith(root + "/")):
+        path = path[len(root):]
+    return path.rstrip("/")
+
+
 async def _send_json(send, status: int, body: bytes, extra: list | None = None) -> None:
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers + (extra or [])})
@@ -70,7 +79,7 @@ class Gate:
             return await _send_json(send, 200, json.dumps({"open": _state["open"]}).encode())
         if local:
             return await self.app(scope, receive, send)
-        if scope.get("path", "").rstrip("/") in DEV_PATHS:
+        if _route(scope) in DEV_PATHS:
             if kind == "websocket":
                 return await send({"type": "websocket.close", "code": 1008})  # policy violation
             return await _send_json(send, 403, _DEV_ONLY)
