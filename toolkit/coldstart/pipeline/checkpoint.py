@@ -90,29 +90,32 @@ def sleep_worker_available() -> bool:
     return importlib.util.find_spec("coldstart.engine.sleep_worker") is not None
 
 
+def _bind_error(host: str, port: int) -> OSError | None:
+    """Why a server could not listen on (host, port) right now; None when it could."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            return e
+    return None
+
+
 def _check_listen(addr: str, port: int) -> None:
     """The server can listen on (addr, port) here: else one line saying why."""
     import errno
 
-    with socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((addr, port))
-        except OSError as e:
-            if e.errno == errno.EADDRINUSE:
-                raise ColdstartError(f"port {port} on {addr} is busy (choose another with --port)") from e
-            raise ColdstartError(f"cannot listen on {addr}:{port}: {e.strerror} (--listen takes 127.0.0.1, 0.0.0.0 "
-                                 "or an address of this host)") from e
+    e = _bind_error(addr, port)
+    if e is None:
+        return
+    if e.errno == errno.EADDRINUSE:
+        raise ColdstartError(f"port {port} on {addr} is busy (choose another with --port)") from e
+    raise ColdstartError(f"cannot listen on {addr}:{port}: {e.strerror} (--listen takes 127.0.0.1, 0.0.0.0 "
+                         "or an address of this host)") from e
 
 
 def port_free(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
+    return _bind_error(host, port) is None
 
 
 def link_remap_names() -> set[str]:
