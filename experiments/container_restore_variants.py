@@ -1,0 +1,53 @@
+"""Cold container restores under variants given as JSON: the host warmer's shape (run.HostWarm's
+keywords), the restore container's environment, warm or cold page cache.
+
+    PYTHONPATH=toolkit .venv/bin/python experiments/container_restore_variants.py IMAGE SIZES REPS OUT.jsonl VARIANTS
+
+VARIANTS: {"name": {"method": "restore" | "restore+hostwarm" (default), "cache": "warm" | "cold"
+(default: page cache dropped before the start), "env": {...}, any other key: HostWarm's}}. The
+snapshots are `coldstart bench container`'s (made in IMAGE under /var/tmp/coldstart-bench-container
+when missing); each is first restored once as new to the node (its access profile recorded), then
+the variants alternate, REPS times. A warm variant follows one unmeasured restore of its own. One
+line per start in OUT (bench.containers.one_start's row), a summary per variant on stdout."""
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from coldstart.bench import containers as bc
+from coldstart.bench.criu import drop_caches
+from coldstart.containers import docker_api
+
+image, sizes, reps, out_path, variants = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3]), sys.argv[4], json.loads(sys.argv[5])
+c = docker_api.client(None)
+layers = docker_api.image_layers(c, image)
+cases = {}
+for size in sizes:
+    model, snap = bc.snapshot_in_container(c, image, size, Path("/var/tmp/coldstart-bench-container"))
+    cases[size] = (model, snap)
+    bc.new_to_node(snap)
+    r = bc.one_start(c, image, "restore", model, snap, layers)
+    print("first on node", size, r.get("first_token_s"), r.get("error") or "", flush=True)
+rows = []
+with open(out_path, "a") as out:
+    for rep in range(reps):
+        for size, (model, snap) in cases.items():
+            for name, v in variants.items():
+                method, env = v.get("method", "restore+hostwarm"), v.get("env")
+                shape = {k: x for k, x in v.items() if k not in ("method", "cache", "env")}
+                if v.get("cache") == "warm":
+                    bc.one_start(c, image, method, model, snap, layers, env=env)
+                else:
+                    drop_caches()
+                r = bc.one_start(c, image, method, model, snap, layers, host_warm=shape, env=env)
+                r.update(size=size, variant=name, rep=rep)
+                out.write(json.dumps(r) + "\n")
+                out.flush()
+                rows.append(r)
+for size in cases:
+    for name in variants:
+        rs = [r for r in rows if r["size"] == size and r["variant"] == name and "first_token_s" in r]
+        ev = lambda a, b: [round(r["events"][b] - r["events"][a], 3) for r in rs if a in r.get("events", {})]  # noqa: E731
+        print(size, name, "first token median", statistics.median([r["first_token_s"] for r in rs]) if rs else None,
+              "all", sorted(r["first_token_s"] for r in rs), "reload", ev("WAKE_WEIGHTS", "WEIGHTS_LOADED"),
+              "canary", ev("WAKE_KV", "VERIFIED"))
