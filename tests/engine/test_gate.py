@@ -89,8 +89,12 @@ def test_the_dev_routes_are_the_installed_vllms():
 
 
 def test_loopback_addresses():
-    assert all(gate.is_loopback(h) for h in ("127.0.0.1", "127.3.4.5", "::1", "::ffff:127.0.0.1", "localhost"))
-    assert not any(gate.is_loopback(h) for h in ("0.0.0.0", "172.18.0.1", "::", "10.1.2.3"))
+    from coldstart.netutil import is_loopback
+
+    assert all(is_loopback(h) for h in ("127.0.0.1", "127.3.4.5", "::1", "::ffff:127.0.0.1", "localhost",
+                                        "localhost:5000", "127.0.0.1:5000", "[::1]:5000", "[::1]"))
+    assert not any(is_loopback(h) for h in ("0.0.0.0", "172.18.0.1", "::", "10.1.2.3", "registry.example:5000",
+                                            "10.0.0.1:5000", "[2001:db8::1]:5000", "fe80::1"))
 
 
 def test_only_a_gated_spec_passes_the_middleware_to_vllm(tmp_path):

@@ -11,11 +11,14 @@ Our servers run vLLM's dev mode (sleep, wake, collective_rpc: what checkpoint an
 Those routes stay loopback-only for good (403 to the network): anyone who reaches the port could
 otherwise put the server to sleep or call into its workers.
 
-Kept free of imports beyond the standard library: it loads into vLLM's API server process.
+Kept free of imports beyond the standard library (coldstart.netutil is standard library only): it loads
+into vLLM's API server process.
 """
 from __future__ import annotations
 
 import json
+
+from coldstart.netutil import is_loopback
 
 OPEN_PATH = "/coldstart/gate/open"  # POST from loopback: clients may come in now
 STATE_PATH = "/coldstart/gate"  # GET: {"open": bool}
@@ -34,11 +37,6 @@ _DEV_ONLY = json.dumps({"error": {"message": "coldstart: this route is served on
 _CLOSED = json.dumps({"error": {"message": "coldstart: this server was just restored and its canary answer "
                                 "is being checked; it takes requests in a moment", "type": "ServiceUnavailable",
                                 "code": 503}}).encode()
-
-
-def is_loopback(host: str) -> bool:
-    """``host`` (an address or "localhost") is this host's loopback."""
-    return host.startswith("127.") or host in ("::1", "localhost") or host.startswith("::ffff:127.")
 
 
 def _loopback(scope) -> bool:

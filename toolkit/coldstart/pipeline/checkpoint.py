@@ -24,9 +24,9 @@ from typing import Callable
 
 from coldstart.criu import caps
 from coldstart.criu import server as _criu
-from coldstart.engine.gate import is_loopback
 from coldstart.errors import ColdstartError
 from coldstart.fsutil import fsync_dir, fsync_tree
+from coldstart.netutil import is_loopback
 from coldstart.pipeline import canary as canary_mod
 from coldstart.pipeline import affinity, hostfacts
 from coldstart.pipeline.events import EventName, Timeline

@@ -31,10 +31,10 @@ from coldstart.criu import caps
 from coldstart.criu import layout as _layout
 from coldstart.criu import server as _criu
 from coldstart.criu.restore import alive
-from coldstart.engine.gate import is_loopback
 from coldstart.engine.launcher import client_host, free_port
 from coldstart.errors import ColdstartError
 from coldstart.fsutil import will_need
+from coldstart.netutil import is_loopback
 from coldstart.pipeline import affinity, hostfacts, integrity
 from coldstart.pipeline.canary import check as check_canary
 from coldstart.pipeline.checkpoint import port_free, reload_weights
@@ -550,11 +550,13 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say, r
             if opts.before_canary is not None:
                 opts.before_canary(eng)
             text = _canary(client, m, tl, checks)
+            gate = {}
             if fwd is not None:  # checked: clients may come in now
                 check_fwd.close()
                 fwd.start()
             elif m.gated:
                 client.open_gate()
+                gate = {"gate": "opened"}
         except Exception as e:  # noqa: BLE001 - re-raised unless a damaged file explains it
             bad = checks.failure(timeout=60)  # a damaged file: name it, not the symptom it caused
             if bad:
@@ -562,8 +564,7 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say, r
             raise
         ft = tl.mark(EventName.FIRST_TOKEN)
         ft.attrs.update(image_pages_in_use(eng.root_pid) or {"pages_mapped_bytes": None})  # (after the mark)
-        ready = tl.mark(EventName.READY, url=base_url, pid=eng.root_pid,
-                        **({"gate": "opened"} if m.gated and fwd is None else {}))
+        ready = tl.mark(EventName.READY, url=base_url, pid=eng.root_pid, **gate)
         # the rest of a lazily mounted runtime and snapshot, in the background: the server then needs
         # neither the registry nor the link (a daemon gone with chunks unfetched is a SIGBUS on the
         # next fault)

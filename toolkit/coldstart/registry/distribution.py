@@ -19,6 +19,7 @@ from typing import Iterable, Iterator
 import requests
 
 from coldstart.errors import ColdstartError
+from coldstart.netutil import is_loopback
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 TIMEOUT = (5.0, 60.0)  # (connect, read) seconds for every request; nothing waits longer
@@ -47,7 +48,7 @@ class Ref:
         if not m:
             raise RegistryError(f"{text!r} is not a registry reference (host[:port]/repo[:tag][@sha256:...])")
         host = m["host"]
-        scheme = m["scheme"] or ("http" if _loopback(host) or os.environ.get("COLDSTART_REGISTRY_PLAIN_HTTP") == "1"
+        scheme = m["scheme"] or ("http" if is_loopback(host) or os.environ.get("COLDSTART_REGISTRY_PLAIN_HTTP") == "1"
                                  else "https")
         return cls(host, m["repo"], m["tag"], m["digest"], scheme)
 
@@ -62,11 +63,6 @@ class Ref:
 
     def __str__(self) -> str:
         return f"{self.host}/{self.repo}" + (f":{self.tag}" if self.tag else "") + (f"@{self.digest}" if self.digest else "")
-
-
-def _loopback(host: str) -> bool:
-    name = host.rsplit(":", 1)[0] if not host.startswith("[") else host.split("]")[0] + "]"
-    return name in ("localhost", "[::1]") or name.startswith("127.")
 
 
 def ca_bundle() -> str | bool:
