@@ -32,3 +32,43 @@ def test_an_idle_watch_says_none_seen() -> None:
     time.sleep(0.5)
     w.stop()
     assert "none seen" in w.describe()
+
+
+def _fake_reporting(tmp_path, monkeypatch, order: int, kib: int):
+    from coldstart.bench import host
+
+    d = tmp_path / "page_reporting"
+    d.mkdir(exist_ok=True)
+    (d / "page_reporting_order").write_text(f"{order}\n")
+    (d / "reported_kib").write_text(f"{kib}\n")
+    monkeypatch.setattr(host, "PAGE_REPORTING", d)
+    return d
+
+
+def test_the_line_says_how_much_memory_the_vm_handed_back(tmp_path, monkeypatch) -> None:
+    # a kernel's sysfs files for the balloon's free page reporting, stood in by a directory: the real
+    # ones are the VM's setting, which a test must not change
+    d = _fake_reporting(tmp_path, monkeypatch, 9, 1 << 20)
+    w = HostWatch(every=0.2, min_cores=50.0)
+    (d / "reported_kib").write_text(f"{(1 << 20) + 3 * (1 << 20)}\n")  # 3 GiB reported since
+    assert "free page reporting on (order 9): 3.0 GiB handed back" in w.describe()
+
+
+def test_no_page_reporting_adds_nothing(tmp_path, monkeypatch) -> None:
+    from coldstart.bench import host
+
+    monkeypatch.setattr(host, "PAGE_REPORTING", tmp_path / "absent")
+    assert host.page_reporting() is None
+    assert "page reporting" not in HostWatch(every=0.2, min_cores=50.0).describe()
+
+
+def test_memory_kept_turns_the_reporting_off_and_puts_it_back(tmp_path, monkeypatch) -> None:
+    from coldstart.bench import host
+
+    d = _fake_reporting(tmp_path, monkeypatch, 9, 0)
+    monkeypatch.setattr(host, "_active", HostWatch(every=0.2, min_cores=50.0))  # this test's own, not the session's
+    with host.memory_kept(margin=1 << 60, say=lambda m: None) as kept:  # (a margin above any memory: touches none)
+        assert (d / "page_reporting_order").read_text().strip() == str(host.REPORTING_OFF_ORDER)
+        assert kept == {"order_was": 9, "touched_bytes": 0}
+    assert (d / "page_reporting_order").read_text().strip() == "9"
+    assert "turned off for the measurements" in host.watch().describe()
