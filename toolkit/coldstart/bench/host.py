@@ -10,7 +10,7 @@ on this node they are the benchmark's), are not "other".
 On a VM whose balloon device reports free pages (virtio-balloon free page reporting), the memory a
 dropped page cache frees goes back to the hypervisor, and the next process to touch it there pays
 for it being backed again: measured on the Zen 5 VM (results/spot-checks/page-reporting), a cold
-bench restore's canary took up to 0.65 s instead of 0.15-0.25. The watch records how much the
+bench restore's canary took 0.56 s (median; up to 1.3) instead of 0.23. The watch records how much the
 guest reported during the run, and ``memory_kept`` turns the reporting off for a run.
 """
 from __future__ import annotations
