@@ -1,20 +1,23 @@
 """Cold container restores under variants given as JSON: the host warmer's shape (run.HostWarm's
 keywords), the restore container's environment, warm or cold page cache.
 
-    PYTHONPATH=toolkit .venv/bin/python experiments/container_restore_variants.py IMAGE SIZES REPS OUT.jsonl VARIANTS
+    PYTHONPATH=toolkit .venv/bin/python experiments/container_restore_variants.py IMAGE SIZES REPS OUT.jsonl VARIANTS [keep-memory]
 
 VARIANTS: {"name": {"method": "restore" | "restore+hostwarm" (default), "cache": "warm" | "cold"
 (default: page cache dropped before the start), "env": {...}, any other key: HostWarm's}}. The
 snapshots are `coldstart bench container`'s (made in IMAGE under /var/tmp/coldstart-bench-container
 when missing); each is first restored once as new to the node (its access profile recorded), then
 the variants alternate, REPS times. A warm variant follows one unmeasured restore of its own. One
-line per start in OUT (bench.containers.one_start's row), a summary per variant on stdout."""
+line per start in OUT (bench.containers.one_start's row), a summary per variant on stdout.
+keep-memory: the starts run with the VM's free page reporting off (bench.host.memory_kept)."""
+import contextlib
 import json
 import statistics
 import sys
 from pathlib import Path
 
 from coldstart.bench import containers as bc
+from coldstart.bench import host
 from coldstart.bench.criu import drop_caches
 from coldstart.containers import docker_api
 
@@ -29,7 +32,8 @@ for size in sizes:
     r = bc.one_start(c, image, "restore", model, snap, layers)
     print("first on node", size, r.get("first_token_s"), r.get("error") or "", flush=True)
 rows = []
-with open(out_path, "a") as out:
+keep = len(sys.argv) > 6 and sys.argv[6] == "keep-memory"
+with host.memory_kept() if keep else contextlib.nullcontext(), open(out_path, "a") as out:
     for rep in range(reps):
         for size, (model, snap) in cases.items():
             for name, v in variants.items():
