@@ -77,8 +77,9 @@ def memory_kept(margin: int = 2 << 30, say=print):
 
         raise ColdstartError(f"cannot turn free page reporting off ({order}: {e.strerror}): needs root") from None
     try:
-        say("memory kept: free page reporting off; touching the free memory once (about a second per GiB "
-            "on a VM that had handed it back)")
+        say(f"memory kept: free page reporting off until the run ends (a killed run leaves it off: "
+            f"`echo {before['order']} > {order}` puts it back); touching the free memory once (about a second "
+            "per GiB on a VM that had handed it back)")
         touched = _touch_free_memory(margin)
         say(f"memory kept: {touched / 2**30:.1f} GiB touched")
         watch().memory_kept = True
