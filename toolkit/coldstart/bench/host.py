@@ -104,13 +104,12 @@ class HostWatch:
     loads: list[float] = field(default_factory=list)
     heavy: dict[str, float] = field(default_factory=dict)  # "name (pid)" -> the most cores seen
     samples: int = 0
-    reporting0: dict | None = None  # page_reporting() when the watch started
+    reporting0: dict | None = field(default_factory=page_reporting)  # when the watch started
     memory_kept: bool = False  # memory_kept() turned the reporting off for (part of) the run
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
         self._t: threading.Thread | None = None
-        self.reporting0 = page_reporting()
 
     def start(self) -> "HostWatch":
         self._t = threading.Thread(target=self._run, name="coldstart-host-watch", daemon=True)
@@ -170,17 +169,19 @@ class HostWatch:
     def describe(self) -> str:
         """'load average (1 min) median 1.9, max 2.4; other heavy processes seen: ...' (or 'none'),
         and what the guest's free page reporting handed back."""
+        return self._load() + self.reporting()
+
+    def _load(self) -> str:
         if not self.loads:
             la = os.getloadavg()
-            return f"load average at the end {la[0]:.1f}/{la[1]:.1f}/{la[2]:.1f}" + self.reporting()
+            return f"load average at the end {la[0]:.1f}/{la[1]:.1f}/{la[2]:.1f}"
         out = (f"load average (1 min) over the run: median {statistics.median(self.loads):.1f}, "
                f"max {max(self.loads):.1f}; ")
         if not self.heavy:
-            return (out + f"other processes using ≥ {self.min_cores:.1f} of a core: none seen ({self.samples} samples)"
-                    + self.reporting())
+            return out + f"other processes using ≥ {self.min_cores:.1f} of a core: none seen ({self.samples} samples)"
         top = sorted(self.heavy.items(), key=lambda kv: -kv[1])[:6]
         return (out + f"other processes seen using ≥ {self.min_cores:.1f} of a core ({self.samples} samples): "
-                + ", ".join(f"{k} up to {v:.1f}" for k, v in top) + self.reporting())
+                + ", ".join(f"{k} up to {v:.1f}" for k, v in top))
 
 
 _active: HostWatch | None = None

@@ -3,8 +3,8 @@ until the restore that woke it has checked its canary.
 
 Why: a server checkpointed listening on a wildcard address (in a container: the container's port) is
 restored listening there, and clients reach it directly, with no relay of ours in the data path
-(results/container-serve). It is restored asleep, its weights not yet reloaded nor checked, so until the restore opens the gate
-it answers every client that is not on loopback with 503. The restore's own checks come from
+(results/container-serve). It is restored asleep, its weights not yet reloaded nor checked, so until
+the restore opens the gate it answers every client that is not on loopback with 503. The restore's own checks come from
 loopback, as did the checkpoint's warm-up, and the snapshot is taken with the gate closed.
 
 Our servers run vLLM's dev mode (sleep, wake, collective_rpc: what checkpoint and restore drive).
