@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from coldstart.bench.containers import first_completion, bench_case, summary
-from coldstart.bench.criu import drop_caches
+from coldstart.warm.residency import drop_caches
 from coldstart.containers import run
 from coldstart.engine.launcher import free_port
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from coldstart.bench.containers import one_start, bench_case
-from coldstart.bench.criu import drop_caches
+from coldstart.warm.residency import drop_caches
 from coldstart.bench.warm import block_device
 from coldstart.pipeline.manifest import read_manifest
 from coldstart.warm.residency import PAGE, residency_vector

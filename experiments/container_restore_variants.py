@@ -18,7 +18,7 @@ from pathlib import Path
 
 from coldstart.bench import containers as bc
 from coldstart.bench import host
-from coldstart.bench.criu import drop_caches
+from coldstart.warm.residency import drop_caches
 from coldstart.containers import docker_api
 
 image, sizes, reps, out_path, variants = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3]), sys.argv[4], json.loads(sys.argv[5])

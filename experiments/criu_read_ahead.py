@@ -23,7 +23,7 @@ from pathlib import Path
 
 import psutil
 
-from coldstart.bench.criu import drop_caches
+from coldstart.warm.residency import drop_caches
 
 
 VARIANTS = {  # name -> (environment, extra arguments of `coldstart restore`)

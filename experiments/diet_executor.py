@@ -23,7 +23,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from coldstart.bench.criu import drop_caches
+from coldstart.warm.residency import drop_caches
 from coldstart.bench.warm import block_device, device_read_bytes
 
 LAYOUTS = {  # (environment, engine args after `--`); an executor named there overrides coldstart's default

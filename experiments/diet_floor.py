@@ -31,7 +31,7 @@ from pathlib import Path
 
 import psutil
 
-from coldstart.bench.criu import drop_caches
+from coldstart.warm.residency import drop_caches
 from coldstart.bench.pipeline import kill_restored
 from coldstart.engine.client import EngineClient
 from coldstart.engine.launcher import EngineSpec, free_port, start_engine

@@ -19,7 +19,7 @@ import sys
 import time
 
 from coldstart.bench.containers import ENTRY_PROBE
-from coldstart.bench.criu import drop_caches
+from coldstart.warm.residency import drop_caches
 from coldstart.containers import docker_api
 
 mode, img, reps = sys.argv[1], sys.argv[2], int(sys.argv[3])

@@ -16,7 +16,7 @@ import json, sys, time, statistics
 from pathlib import Path
 from unittest import mock
 from coldstart.containers import docker_api, run
-from coldstart.bench.criu import drop_caches
+from coldstart.warm.residency import drop_caches
 
 img, snap, reps = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
 c = docker_api.client(None)

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from coldstart.bench import containers as bc
-from coldstart.bench.criu import drop_caches
+from coldstart.warm.residency import drop_caches
 from coldstart.containers import docker_api, run
 from coldstart.engine.launcher import free_port
 

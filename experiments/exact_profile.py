@@ -19,7 +19,7 @@ import json
 import statistics
 from pathlib import Path
 
-from coldstart.bench.criu import drop_caches
+from coldstart.warm.residency import drop_caches
 from coldstart.bench.pipeline import kill_restored, restore_from_exec
 from coldstart.bench.warm import block_device, device_read_bytes
 from coldstart.warm.residency import resident_bytes

@@ -24,7 +24,7 @@ from collections import Counter
 from pathlib import Path
 
 import snapshot_anatomy as sa
-from coldstart.bench.criu import drop_caches
+from coldstart.warm.residency import drop_caches
 from coldstart.bench.pipeline import kill_restored
 
 PAGES = re.compile(r"/pages-\d+\.img( \(deleted\))?$")

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 
-from coldstart.bench.criu import drop_caches
+from coldstart.warm.residency import drop_caches
 from coldstart.bench.warm import host_cpu_busy_s as cpu_busy_s
 
 GIB = 1 << 30

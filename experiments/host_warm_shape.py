@@ -23,7 +23,7 @@ from pathlib import Path
 from unittest import mock
 
 from coldstart.bench.containers import bench_case, new_to_node, one_start
-from coldstart.bench.criu import drop_caches
+from coldstart.warm.residency import drop_caches
 from coldstart.warm.snapshot import node_profile
 
 MiB = 1 << 20

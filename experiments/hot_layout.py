@@ -23,7 +23,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from coldstart.bench.criu import drop_caches
+from coldstart.warm.residency import drop_caches
 from coldstart.bench.pipeline import restore_from_exec
 from coldstart.bench.warm import block_device, device_read_bytes
 from coldstart.pipeline.layout import make_hot

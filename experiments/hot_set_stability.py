@@ -28,7 +28,7 @@ import json
 import time
 from pathlib import Path
 
-from coldstart.bench.criu import drop_caches
+from coldstart.warm.residency import drop_caches
 from coldstart.bench.pipeline import kill_restored
 from coldstart.bench.warm import block_device
 from coldstart.warm.residency import resident_bytes

@@ -9,7 +9,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from coldstart.bench.criu import drop_caches
+from coldstart.warm.residency import drop_caches
 from coldstart.bench.pipeline import restore_from_exec
 
 snap, reps = Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 4

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from coldstart.bench.criu import drop_caches
+from coldstart.warm.residency import drop_caches
 
 
 def stop_tree(snap: Path) -> None:

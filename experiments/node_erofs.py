@@ -24,7 +24,7 @@ import os
 from pathlib import Path
 
 from coldstart.bench.containers import bench_case, one_start
-from coldstart.bench.criu import drop_caches
+from coldstart.warm.residency import drop_caches
 from coldstart.bench.warm import device_read_bytes
 from coldstart.pipeline import nodeimage
 from coldstart.pipeline.nodeimage import allocated_bytes as allocated

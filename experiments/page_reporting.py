@@ -16,7 +16,7 @@ from pathlib import Path
 
 from coldstart.bench import containers as bc
 from coldstart.bench import host
-from coldstart.bench.criu import drop_caches
+from coldstart.warm.residency import drop_caches
 from coldstart.containers import docker_api
 
 image, size, reps = sys.argv[1], sys.argv[2], int(sys.argv[3])

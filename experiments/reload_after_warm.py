@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 
 from coldstart.bench.containers import bench_case, new_to_node, one_start
-from coldstart.bench.criu import drop_caches
+from coldstart.warm.residency import drop_caches
 from coldstart.bench.gpu import warm_file
 from coldstart.pipeline.manifest import read_manifest
 

@@ -20,7 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from coldstart.bench.containers import one_start, bench_case
-from coldstart.bench.criu import drop_caches
+from coldstart.warm.residency import drop_caches
 
 HZ = os.sysconf("SC_CLK_TCK")
 # process and thread names carry numbers (kworker/1:2, cs-populate-3): grouped without them

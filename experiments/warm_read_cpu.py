@@ -20,7 +20,7 @@ import resource
 import time
 from pathlib import Path
 
-from coldstart.bench.criu import drop_caches
+from coldstart.warm.residency import drop_caches
 from coldstart.bench.warm import block_device, device_read_bytes
 from coldstart.warm import native
 from coldstart.warm.base import MiB

@@ -1,10 +1,12 @@
-"""`coldstart bench lazy`: thin typer wrapper over coldstart.bench.lazy."""
+"""`coldstart bench lazy`, `mount` and `serve`: thin typer wrappers over coldstart.bench.lazy, .mount and .serve."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
 import typer
+
+from coldstart.bench.host import KEEP_MEMORY_HELP
 
 
 def _snapshots(sizes: str, work: Path, say, layouts: str = "hot", packed: str = "auto") -> list[tuple[str, Path, Path]]:
@@ -56,6 +58,7 @@ def bench_lazy(
     packed: str = typer.Option("auto", help="the CPU checkpoint's packed GEMM handles (`coldstart checkpoint "
                                "--keep-packed`): auto (its default), kept, repack (--no-keep-packed), each a case "
                                "per model and layout (named e.g. bench-hot-repack)"),
+    keep_memory: bool = typer.Option(False, "--keep-memory", help=KEEP_MEMORY_HELP),
 ) -> None:
     """Restore → first token on an emulated fresh node: full pull then restore, lazy mount without and
     with prefetch, beside a warm local restore; the registry in its own network namespace behind a
@@ -84,8 +87,9 @@ def bench_lazy(
         except ColdstartError as e:
             say(f"skipping nydus: {e}")
             chosen = tuple(m for m in chosen if m != "nydus")
-    rows = lazy.run_bench(cases, [float(r) for r in rates.split(",") if r], reps, work, say, methods=chosen,
-                          runtime=Path(os.path.realpath(sys.prefix)) if runtime else None)
+    with hostwatch.kept_if(keep_memory, say=say):
+        rows = lazy.run_bench(cases, [float(r) for r in rates.split(",") if r], reps, work, say, methods=chosen,
+                              runtime=Path(os.path.realpath(sys.prefix)) if runtime else None)
     host = hostwatch.line() + " Link: veth + tc tbf, no added latency (no netem in this kernel)."
     command = "coldstart bench lazy " + " ".join(shlex.quote(a) for a in sys.argv[3:])
     table = lazy.render(rows, host, command)
@@ -99,6 +103,7 @@ def bench_mount(
     random_reads: int = typer.Option(4096, help="4 KiB random reads per random case"),
     work: Path = typer.Option(Path("/var/tmp/coldstart-bench-mount"), help="file, registry storage, chunk cache"),
     out: Path = typer.Option(Path("results/lazy-mount"), help="results directory (raw.jsonl, table.md, COMMAND)"),
+    keep_memory: bool = typer.Option(False, "--keep-memory", help=KEEP_MEMORY_HELP),
 ) -> None:
     """Sequential and random read throughput of one large file through the lazy mount (uncached:
     fetched from a loopback registry; cached: from the node's chunk cache) against the local disk."""
@@ -110,7 +115,8 @@ def bench_mount(
     from coldstart.bench import host as hostwatch
 
     say = lambda m: typer.echo(m, err=True)  # noqa: E731
-    rows = mount.run_bench(work, int(size_gib * 2**30), reps, random_reads, say)
+    with hostwatch.kept_if(keep_memory, say=say):
+        rows = mount.run_bench(work, int(size_gib * 2**30), reps, random_reads, say)
     host = hostwatch.line()
     command = "coldstart bench mount " + " ".join(shlex.quote(a) for a in sys.argv[3:])
     table = mount.render(rows, host, command)

@@ -24,11 +24,11 @@ from coldstart.warm.residency import evict_all
 
 Say = Callable[[str], None]
 
-# The entrypoint's work before ENTRY_READY (pipeline.entry.run's imports and argument parsing), run in
-# place of the restore by the "entry" probe; prints the wall time of its first line and of its end.
+# The entrypoint's work before ENTRY_READY (pipeline.entry.prepare, after the import the console
+# script does), run in place of the restore by the "entry" probe; prints the wall time of its first
+# line and of its end.
 ENTRY_PROBE = ("import time; t = time.time(); import coldstart.main; from coldstart.pipeline import entry; "
-               "entry.parser().parse_args(['/snapshot']); import coldstart.pipeline.events, coldstart.registry.mount, "
-               "coldstart.pipeline.restore; print(repr(t), repr(time.time()))")
+               "entry.prepare(['/snapshot']); print(repr(t), repr(time.time()))")
 
 
 def wait_port_closed(port: int, timeout: float = 60.0) -> None:
@@ -162,7 +162,7 @@ def new_to_node(snap: Path) -> None:
     its files and the access profile it recorded (both kept in the node dir for later replicas),
     and the page cache is dropped, as on a node that has just received it (a restore that finds it
     all cached, the checkpoint having just written it, does not warm, so records no profile)."""
-    from coldstart.bench.criu import drop_caches
+    from coldstart.warm.residency import drop_caches
     from coldstart.pipeline.integrity import NodeRecord
     from coldstart.pipeline.manifest import read_manifest
     from coldstart.warm.snapshot import node_profile
@@ -284,7 +284,7 @@ def run_bench(c, image: str, cases: list[tuple[str, Path, Path]], *, reps: int, 
     decides what "warm" holds. ``naive_reps``: repetitions of the naive start (minutes each for the
     bench model), the first ones; default ``reps``."""
     from coldstart.containers.docker_api import image_layers
-    from coldstart.bench.criu import drop_caches
+    from coldstart.warm.residency import drop_caches
 
     layers = image_layers(c, image)
     decoys = {snap: make_decoy(snap) for _, _, snap in cases} if "restore+load" in methods else {}

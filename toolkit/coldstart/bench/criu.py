@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from coldstart.warm.residency import drop_caches
 from coldstart.errors import ColdstartError
 
 SEED = 1234
@@ -36,14 +37,6 @@ class BenchConfig:
     work_dir: Path = Path("/var/tmp/coldstart-bench-criu")
     mmap_min_kb: int = 0
     command: str = "coldstart bench criu"
-
-
-def drop_caches() -> None:
-    subprocess.run(["sync"], check=True)
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-    except OSError as e:
-        raise ColdstartError(f"cannot drop the page cache ({e.strerror}): the cold runs need root") from None
 
 
 def _conditions() -> dict:

@@ -56,7 +56,7 @@ def resident(path: Path) -> float:
 def _cache(path: Path, cache: str) -> float:
     """Put ``path`` in the asked page-cache state; returns the sampled resident fraction."""
     if cache == "cold":
-        from coldstart.bench.criu import drop_caches
+        from coldstart.warm.residency import drop_caches
 
         drop_caches()
     else:
@@ -496,7 +496,7 @@ def _make_hot(images: Path, h: Holder, opts: dict, work: Path) -> dict[str, Any]
     """The pipeline's hot layout (pipeline/layout.py) on a GPU process: a recording restore from a
     dropped cache, the CUDA state restored and the device memory checked (what the process does
     before its 'first token'), the touched pages read from the page tables, the images split."""
-    from coldstart.bench.criu import drop_caches
+    from coldstart.warm.residency import drop_caches
     from coldstart.criu import layout
     from coldstart.criu.restore import RestoreOptions, restore
     from coldstart.engine import cuda_checkpoint as driver
@@ -581,7 +581,7 @@ def criu_cuda_bench(work: Path, criu: Path, *, gib: float = 1.0, host_gib: float
                     f"(recording {row['record_s']} s, split {row['split_s']} s)")
             cold = mode in ("driver_cold", "hot")
             if cold:
-                from coldstart.bench.criu import drop_caches
+                from coldstart.warm.residency import drop_caches
 
                 drop_caches()
             row["images_resident"] = resident(max((wd / "images").glob("pages-*.img"), key=lambda f: f.stat().st_size))

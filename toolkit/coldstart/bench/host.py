@@ -58,6 +58,16 @@ def _touch_free_memory(margin: int) -> int:
     return n
 
 
+KEEP_MEMORY_HELP = ("on a VM whose balloon reports free pages: turn the reporting off for the run and touch the "
+                    "free memory once first, so that a dropped page cache is not also memory the hypervisor must "
+                    "back again (the setting is put back at the end; the table says which it was)")
+
+
+def kept_if(keep: bool, say=print):
+    """``memory_kept`` when a benchmark's --keep-memory asks for it, else nothing."""
+    return memory_kept(say=say) if keep else contextlib.nullcontext()
+
+
 @contextlib.contextmanager
 def memory_kept(margin: int = 2 << 30, say=print):
     """Within: the guest keeps the memory it frees (free page reporting off, its order set above the

@@ -84,7 +84,7 @@ def one_start(method: str, ref: str, local: Path, work: Path, dev: str | None, e
     the link before it, the restore's own events). ``runtime_ref``: the node has no runtime either:
     ``pull`` pulls it too and restores with it, the lazy methods mount it lazily (nydus and local
     keep the node's own)."""
-    from coldstart.bench.criu import drop_caches
+    from coldstart.warm.residency import drop_caches
 
     # local: the steady state of a node that has this snapshot (verified before, profile recorded)
     node = work / ("node-local" if method == "local" else "node")

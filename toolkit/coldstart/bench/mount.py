@@ -76,7 +76,7 @@ def read_random(path: Path, count: int, block: int = 4096, seed: int = 7) -> dic
 
 
 def run_bench(work: Path, size: int, reps: int, random_reads: int, say: Say) -> list[dict]:
-    from coldstart.bench.criu import drop_caches
+    from coldstart.warm.residency import drop_caches
     from coldstart.engine.launcher import free_port
     from coldstart.registry import artifact, mount, server
 

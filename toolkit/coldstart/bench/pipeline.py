@@ -498,7 +498,7 @@ def bench_artifact(
     import subprocess
 
     # (imported here: this module is loaded by the entrypoint's CLI; criu.bench costs it 3.5 ms)
-    from coldstart.bench.criu import drop_caches
+    from coldstart.warm.residency import drop_caches
     from coldstart.pipeline import integrity
     from coldstart.pipeline.checkpoint import CheckpointOptions, checkpoint
 

@@ -7,6 +7,8 @@ from typing import Optional
 
 import typer
 
+from coldstart.bench.host import KEEP_MEMORY_HELP
+
 container_app = typer.Typer(no_args_is_help=True, help="The runtime image and coldstart in containers (our dockerd: "
                             "scripts/start-docker).")
 
@@ -170,15 +172,11 @@ def bench_container(
                                 "start, to ENTRY_READY: what a cold cache costs before the restore's code)"),
     work: Path = typer.Option(Path("/var/tmp/coldstart-bench-container"), help="where the snapshots are kept"),
     out: Path = typer.Option(Path("results/container"), help="results directory (raw.jsonl, table.md, COMMAND)"),
-    keep_memory: bool = typer.Option(False, "--keep-memory", help="on a VM whose balloon reports free pages: "
-                                     "turn the reporting off for the run and touch the free memory once first, "
-                                     "so that a dropped page cache is not also memory the hypervisor must back "
-                                     "again (the setting is put back at the end; the table says which it was)"),
+    keep_memory: bool = typer.Option(False, "--keep-memory", help=KEEP_MEMORY_HELP),
     host: Optional[str] = typer.Option(None, "--host"),
 ) -> None:
     """Container restore (with and without host warming overlapped with create) vs the naive container
     start, first token from the docker-py create call; the disk's bandwidth measured in the same run."""
-    import contextlib
     import shlex
     import sys
 
@@ -193,7 +191,7 @@ def bench_container(
     split = lambda v: [x.strip() for x in v.split(",") if x.strip()]  # noqa: E731
     cases = [(cbench.case_label(size, layout), *cbench.snapshot_in_container(c, img.tag, size, work, say, layout))
              for size in split(sizes) for layout in split(layouts)]
-    with hostwatch.memory_kept(say=say) if keep_memory else contextlib.nullcontext():
+    with hostwatch.kept_if(keep_memory, say=say):
         rows = cbench.run_bench(c, img.tag, cases, reps=reps, caches=tuple(split(caches)), say=say,
                                 naive_reps=naive_reps, methods=tuple(split(methods)))
     host_line = hostwatch.line(f"docker {docker_api.daemon_facts(c).version}", f"image {img.tag}")

@@ -188,9 +188,15 @@ class WeightArena:
         if index.data_size != self.size:
             raise ColdstartError(f"flat file size {index.data_size} does not match the weight arena ({self.size} bytes)")
 
+    def _unsettleable(self) -> str | None:
+        """Why ``settle`` has nothing to do, or None."""
+        if not self.mapped:
+            return "the arena is not mapped from a file"
+        return SETTLED_PARTLY if self.settled_partly else None
+
     def settle_bytes(self) -> int:
-        """What ``settle`` will copy: the arena less the lazy spans (0 when nothing is mapped)."""
-        if not self.mapped or self.settled_partly:
+        """What ``settle`` will copy: the arena less the lazy spans (0 when it has nothing to do)."""
+        if self._unsettleable():
             return 0
         return sum(n for _, n in self.extents(set(self.lazy)))
 
@@ -365,10 +371,8 @@ class WeightArena:
 
         The spans map_file was told to skip (``lazy``) stay mapped and unread: copying them would
         read from the file what nothing reads. The rest moves run by run (one ``mremap`` each)."""
-        if not self.mapped:
-            return {"settled": False, "why": "the arena is not mapped from a file"}
-        if self.settled_partly:
-            return {"settled": False, "why": SETTLED_PARTLY}
+        if why := self._unsettleable():
+            return {"settled": False, "why": why}
         self._stop_populating()
         t0 = time.perf_counter()
         extents = self.extents(set(self.lazy))

@@ -29,6 +29,7 @@ from coldstart.metrics.timelines import outcome_of, read_timelines
 from coldstart.models.tiny import cached_model
 from coldstart.pipeline.events import EventName, Timeline
 from coldstart.state import cache_root
+from coldstart.warm.residency import drop_caches
 
 RAW = "raw.jsonl"
 
@@ -139,17 +140,6 @@ def host_facts(paths: list[Path] | None = None) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------- page cache
-def drop_caches() -> None:
-    """sync, then drop clean page cache, dentries and inodes (root only)."""
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-    except OSError as e:
-        raise ColdstartError(f"cannot drop the page cache (/proc/sys/vm/drop_caches: {e.strerror}); "
-                             "cold cells need root") from None
-
-
 def read_through(paths: list[Path], chunk: int = 8 << 20) -> int:
     """Read every file under ``paths`` once (brings them into the page cache); returns bytes read."""
     total = 0

@@ -221,6 +221,20 @@ def evict_all(paths: list[Path] | list[str]) -> None:
         evict(f)
 
 
+def drop_caches() -> None:
+    """sync, then drop the clean page cache, dentries and inodes: the state of every cold case (root
+    only). On a VM with free page reporting the memory this frees goes back to the hypervisor
+    (bench.host's ``memory_kept`` keeps it)."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError as e:
+        from coldstart.errors import ColdstartError
+
+        raise ColdstartError(f"cannot drop the page cache (/proc/sys/vm/drop_caches: {e.strerror}): "
+                             "cold runs need root") from None
+
+
 def expand_paths(paths: list[Path] | list[str]) -> list[Path]:
     """Files named, plus the regular files under each directory named (sorted, recursive).
 
