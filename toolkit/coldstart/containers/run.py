@@ -175,16 +175,20 @@ class HostWarm:
     with O_DIRECT after the restore otherwise), except when the snapshot kept its packed handles
     (manifest ``weights.kept_linears``: the reload reads only the profile's few MB of the file, and
     1.3 GB more of reads would queue before the pages the restore waits for); the rest of the
-    snapshot is the entrypoint's, after its first token. The plan is made at once but the bulk reads wait until docker's start call has
-    returned (``after_start``; the caller says so with ``container_started()``): warming from the
-    create call delayed the entrypoint's own start (its first restore call came 1.4 s later) and
-    was slower to the first token (results/spot-checks/host-warm-shape).
+    snapshot is the entrypoint's, after its first token. The bulk reads start at once, beside the
+    early reader, in the idle I/O class: with the VM's memory reclaim out of the way that brought a
+    bench model's first token 0.05 s sooner than holding them back (8 of 10 pairs; tiny: no
+    difference; results/spot-checks/host-warm-gates, run 4) and did not delay the entrypoint's
+    start. ``after_start`` holds them until docker's start call has returned (the caller says so
+    with ``container_started()``) and ``wait_early`` until the early reader is done; both were the
+    default while the bulk reads ran 8 readers x 8 MiB in the normal class, which delayed the
+    entrypoint's first restore call by 1.4 s (results/spot-checks/host-warm-shape).
 
     ``early``: from the create call, one reader takes first, whole, the few tens of MB that the
     entrypoint reads one small read at a time before CRIU runs (early_files: the entrypoint's own
     Python files, the snapshot's manifest and CRIU metadata, the restore's helper programs and their
-    libraries); the bulk reads wait for it too. Behind the bulk reads' queue those small reads took
-    about a second of a cold restore. ``early_criu``: the early reader then reads what CRIU reads
+    libraries), in the normal I/O class. Behind a queue of bulk reads in that class those small
+    reads took about a second of a cold restore. ``early_criu``: the early reader then reads what CRIU reads
     rather than maps too (ELF heads, page runs: +86 MB); off, no gain measured (bench-earlycriu).
     The early reader then reads the hot layout's child pages that the restore touches before its
     canary's forward pass (warm.base.early_ranges), so that CRIU and the wake need not wait behind
@@ -203,10 +207,10 @@ class HostWarm:
     ELF files it checks, ~100 MiB of page runs); off by default: it gained nothing there
     (bench-criu-runs), the entrypoint's own read-ahead asks for the same at its restore call."""
 
-    def __init__(self, snapshot: Path, layers: list[Path] | None = None, *, after_start: bool = True,
+    def __init__(self, snapshot: Path, layers: list[Path] | None = None, *, after_start: bool = False,
                  threads: int | None = HOST_SHAPE[0], chunk: int | None = HOST_SHAPE[1], method: str | None = None,
                  io_class: str | None = None, criu_runs: bool = False,
-                 early: bool = True, early_criu: bool = False, bulk: str = "profile", wait_early: bool = True):
+                 early: bool = True, early_criu: bool = False, bulk: str = "profile", wait_early: bool = False):
         self.ahead = None
         remap = None
         if layers:
@@ -413,8 +417,8 @@ def _read_data(path: Path, cancelled=lambda: False) -> int:
 
 
 def host_warm(snapshot: Path, layers: list[Path] | None = None, **shape) -> HostWarm:
-    """Warm, on the host, what the restore will read: planned from the moment the container is
-    created, read from docker's start call on (HostWarm, ``after_start``).
+    """Warm, on the host, what the restore will read, from the moment the container is created
+    (HostWarm).
     With the node's recorded profile (a previous replica's) and ``layers`` (the image's layer dirs,
     docker_api.image_layers): the ranges the profile names, the image's files the entrypoint and the
     restored server read among them; the rest is the entrypoint's own warmer's, after its first
