@@ -52,17 +52,12 @@ def find(variant: str = "patched") -> str:
 
 def supports_mmap_pages(criu: str) -> bool:
     """Whether this criu is our patched one (restore maps pages-*.img instead of copying)."""
-    try:
-        from coldstart.criu.locate import criu_supports_mmap  # cached per binary
+    from coldstart.criu.locate import criu_supports_mmap  # cached per binary
 
-        return bool(criu_supports_mmap(Path(criu)))
-    except ImportError:
-        pass
     try:
-        out = subprocess.run([criu, "--help"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
+        return criu_supports_mmap(Path(criu))
+    except (ColdstartError, subprocess.SubprocessError):
         return False
-    return "--mmap-pages" in (out.stdout + out.stderr)
 
 
 @contextlib.contextmanager
@@ -84,17 +79,13 @@ def remap_lock():
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+KDAT_FILES = ("/run/criu.kdat", "/dev/shm/criu.kdat")  # where criu keeps its kernel facts (tmpfs: per boot)
+
+
 def ensure_kerndat(criu: str) -> None:
     """CRIU caches kernel facts in /run/criu.kdat on its first run; made outside the restore's PID
     namespace (where /proc is the host's), once per boot."""
-    try:
-        from coldstart.criu.restore import kerndat_cached
-
-        kerndat_cached(Path(criu))
-        return
-    except ImportError:
-        pass
-    if not any(Path(p).exists() for p in ("/run/criu.kdat", "/dev/shm/criu.kdat")):
+    if not any(Path(p).exists() for p in KDAT_FILES):
         subprocess.run([criu, "check"], capture_output=True, timeout=60)
 
 
