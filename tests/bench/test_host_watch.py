@@ -72,3 +72,16 @@ def test_memory_kept_turns_the_reporting_off_and_puts_it_back(tmp_path, monkeypa
         assert kept == {"order_was": 9, "touched_bytes": 0}
     assert (d / "page_reporting_order").read_text().strip() == "9"
     assert "turned off for the measurements" in host.watch().describe()
+
+
+def test_every_benchmark_that_drops_the_page_cache_can_keep_the_vms_memory() -> None:
+    """bench container, lazy and mount drop the page cache before their cold cases: each takes
+    --keep-memory (the reporting off for the run), with the same help."""
+    from typer.testing import CliRunner
+
+    from coldstart.cli import app
+
+    for cmd in ("container", "lazy", "mount"):
+        r = CliRunner().invoke(app, ["bench", cmd, "--help"], env={"COLUMNS": "200"})
+        assert r.exit_code == 0, (cmd, r.output)
+        assert "--keep-memory" in r.output and "balloon reports free pages" in r.output, (cmd, r.output)
