@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from coldstart.warm.residency import drop_caches
 from coldstart.errors import ColdstartError
+from coldstart.warm.residency import drop_caches
 
 SEED = 1234
 

@@ -188,8 +188,9 @@ class HostWarm:
     entrypoint reads one small read at a time before CRIU runs (early_files: the entrypoint's own
     Python files, the snapshot's manifest and CRIU metadata, the restore's helper programs and their
     libraries), in the normal I/O class. Behind a queue of bulk reads in that class those small
-    reads took about a second of a cold restore. ``early_criu``: the early reader then reads what CRIU reads
-    rather than maps too (ELF heads, page runs: +86 MB); off, no gain measured (bench-earlycriu).
+    reads took about a second of a cold restore. ``early_criu``: the early reader then reads what
+    CRIU reads rather than maps too (ELF heads, page runs: +86 MB); off, no gain measured
+    (bench-earlycriu).
     The early reader then reads the hot layout's child pages that the restore touches before its
     canary's forward pass (warm.base.early_ranges), so that CRIU and the wake need not wait behind
     the rest of the child (with the packed handles kept, 1.3 GB that only that forward pass reads).
