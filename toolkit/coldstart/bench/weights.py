@@ -44,7 +44,7 @@ import typer
 from coldstart.errors import ColdstartError
 from coldstart.models.tiny import model_dir as made_model_dir
 from coldstart.state import cache_root
-from coldstart.warm.residency import evict_all
+from coldstart.warm.residency import drop_caches, evict_all
 
 GiB = float(1 << 30)
 MiB = 1 << 20
@@ -106,9 +106,7 @@ def drop_caches_works() -> bool:
 def evict(paths: list[Path], method: str) -> None:
     """Make ``paths`` non-resident: global drop_caches (if ``method`` asks and we may) + per-file DONTNEED."""
     if method == "drop_caches" and drop_caches_works():
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
+        drop_caches()
     evict_all(paths)  # (fsyncs first: DONTNEED skips dirty pages, and a fresh file has them)
 
 
@@ -131,9 +129,7 @@ def eviction_selftest(path: Path, global_drop: bool = True) -> dict[str, float]:
     out["after_fadvise_dontneed"] = resident_fraction([path])
     if global_drop and drop_caches_works():
         warm([path])
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
+        drop_caches()
         out["after_drop_caches_only"] = resident_fraction([path])
     if shutil.which("vmtouch"):  # a second, independent residency reader for the record
         warm([path])
