@@ -4,7 +4,8 @@ keywords), the restore container's environment, warm or cold page cache.
     PYTHONPATH=toolkit .venv/bin/python experiments/container_restore_variants.py IMAGE SIZES REPS OUT.jsonl VARIANTS [keep-memory]
 
 VARIANTS: {"name": {"method": "restore" | "restore+hostwarm" (default), "cache": "warm" | "cold"
-(default: page cache dropped before the start), "env": {...}, any other key: HostWarm's}}. The
+(default: page cache dropped before the start), "env": {...}, "forget": [paths under the node dir
+removed before the start, e.g. "criu-kdat"], any other key: HostWarm's}}. The
 snapshots are `coldstart bench container`'s (made in IMAGE under /var/tmp/coldstart-bench-container
 when missing); each is first restored once as new to the node (its access profile recorded), then
 the variants alternate, REPS times. A warm variant follows one unmeasured restore of its own. One
@@ -12,6 +13,7 @@ line per start in OUT (bench.containers.one_start's row), a summary per variant 
 keep-memory: the starts run with the VM's free page reporting off (bench.host.memory_kept)."""
 import contextlib
 import json
+import shutil
 import statistics
 import sys
 from pathlib import Path
@@ -20,6 +22,7 @@ from coldstart.bench import containers as bc
 from coldstart.bench import host
 from coldstart.warm.residency import drop_caches
 from coldstart.containers import docker_api
+from coldstart.state import node_dir
 
 image, sizes, reps, out_path, variants = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3]), sys.argv[4], json.loads(sys.argv[5])
 c = docker_api.client(None)
@@ -38,9 +41,12 @@ with host.memory_kept() if keep else contextlib.nullcontext(), open(out_path, "a
         for size, (model, snap) in cases.items():
             for name, v in variants.items():
                 method, env = v.get("method", "restore+hostwarm"), v.get("env")
-                shape = {k: x for k, x in v.items() if k not in ("method", "cache", "env")}
+                shape = {k: x for k, x in v.items() if k not in ("method", "cache", "env", "forget")}
+                forget = lambda: [shutil.rmtree(node_dir() / f, ignore_errors=True) for f in v.get("forget", [])]  # noqa: E731
+                forget()
                 if v.get("cache") == "warm":
                     bc.one_start(c, image, method, model, snap, layers, env=env)
+                    forget()
                 else:
                     drop_caches()
                 r = bc.one_start(c, image, method, model, snap, layers, host_warm=shape, env=env)

@@ -82,11 +82,77 @@ def remap_lock():
 KDAT_FILES = ("/run/criu.kdat", "/dev/shm/criu.kdat")  # where criu keeps its kernel facts (tmpfs: per boot)
 
 
-def ensure_kerndat(criu: str) -> None:
-    """CRIU caches kernel facts in /run/criu.kdat on its first run; made outside the restore's PID
-    namespace (where /proc is the host's), once per boot."""
-    if not any(Path(p).exists() for p in KDAT_FILES):
-        subprocess.run([criu, "check"], capture_output=True, timeout=60)
+def ensure_kerndat(criu: str) -> str:
+    """CRIU caches kernel facts in a tmpfs file on its first run; made outside the restore's PID
+    namespace (where /proc is the host's), once per boot. A new container's /dev/shm starts empty,
+    and probing them (``criu check``) took 30-50 ms of every container restore, so the facts are
+    also kept in the node dir, which replicas share (``kdat_key``: only where they hold for this
+    process). Returns where they came from: "cached", "node" or "probed"."""
+    if any(Path(p).exists() for p in KDAT_FILES):
+        return "cached"
+    shared = _node_kdat(criu)
+    for target in KDAT_FILES:
+        src = shared / _kdat_name(target) if shared else None
+        if src is not None and src.is_file() and Path(target).parent.is_dir():
+            try:
+                _copy_atomic(src, Path(target))
+                return "node"
+            except OSError:
+                break
+    subprocess.run([criu, "check"], capture_output=True, timeout=60)
+    made = next((Path(p) for p in KDAT_FILES if Path(p).exists()), None)
+    if shared is not None and made is not None:
+        try:
+            shared.mkdir(parents=True, exist_ok=True)
+            _copy_atomic(made, shared / _kdat_name(str(made)))
+        except OSError:
+            pass  # a read-only node dir: the next restore probes again
+    return "probed"
+
+
+def kdat_key(criu: str) -> str:
+    """What CRIU's kernel facts depend on beyond the kernel: this boot, the criu build (and the libc
+    it probes rseq through), the process's capabilities, seccomp and LSM label (a filter answering
+    clone3 with ENOSYS, a dropped capability), its user namespace and its network namespace's IPv6.
+    CRIU itself checks only a magic number that every build of ours shares."""
+    import xxhash
+
+    def read(path: str) -> str:
+        try:
+            return Path(path).read_text(errors="replace").strip()
+        except OSError:
+            return "-"
+
+    st = os.stat(criu)
+    status = [ln for ln in read("/proc/self/status").splitlines()
+              if ln.startswith(("Cap", "Seccomp", "NoNewPrivs"))]
+    parts = [read("/proc/sys/kernel/random/boot_id"), os.path.realpath(criu), str(st.st_size), str(st.st_mtime_ns),
+             os.confstr("CS_GNU_LIBC_VERSION") or "-", *status, read("/proc/self/attr/current"),
+             read("/proc/self/uid_map"), read("/proc/sys/net/ipv6/conf/all/disable_ipv6"),
+             str(os.path.exists("/proc/net/if_inet6"))]
+    return xxhash.xxh3_64("|".join(parts).encode()).hexdigest()
+
+
+def _node_kdat(criu: str) -> Path | None:
+    from coldstart.state import node_dir
+
+    try:
+        return node_dir() / "criu-kdat" / kdat_key(criu)
+    except OSError:
+        return None
+
+
+def _kdat_name(target: str) -> str:
+    return target.strip("/").replace("/", "_")
+
+
+def _copy_atomic(src: Path, dst: Path) -> None:
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
+    try:
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def kernel_check(criu: str) -> str:

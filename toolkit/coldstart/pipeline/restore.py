@@ -611,8 +611,8 @@ def _validate(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say,
     for w in warnings:
         say(f"warning: {w}")
     mmap = _criu.supports_mmap_pages(criu)
-    _criu.ensure_kerndat(criu)  # criu in a PID namespace without its own /proc needs the cached facts
-    tl.mark(EventName.MANIFEST_OK, **({"warnings": "; ".join(warnings)} if warnings else {}))
+    kdat = _criu.ensure_kerndat(criu)  # criu in a PID namespace without its own /proc needs the cached facts
+    tl.mark(EventName.MANIFEST_OK, kdat=kdat, **({"warnings": "; ".join(warnings)} if warnings else {}))
     return criu, mmap
 
 
