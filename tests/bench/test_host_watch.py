@@ -75,13 +75,13 @@ def test_memory_kept_turns_the_reporting_off_and_puts_it_back(tmp_path, monkeypa
 
 
 def test_every_benchmark_that_drops_the_page_cache_can_keep_the_vms_memory() -> None:
-    """bench container, lazy and mount drop the page cache before their cold cases: each takes
-    --keep-memory (the reporting off for the run), with the same help."""
+    """bench container, lazy and mount, and the matrix, drop the page cache before their cold cases:
+    each takes --keep-memory (the reporting off for the run), with the same help."""
     from typer.testing import CliRunner
 
     from coldstart.cli import app
 
-    for cmd in ("container", "lazy", "mount"):
-        r = CliRunner().invoke(app, ["bench", cmd, "--help"], env={"COLUMNS": "200"})
+    for cmd in (["bench", "container"], ["bench", "lazy"], ["bench", "mount"], ["matrix", "run"]):
+        r = CliRunner().invoke(app, [*cmd, "--help"], env={"COLUMNS": "200"})
         assert r.exit_code == 0, (cmd, r.output)
         assert "--keep-memory" in r.output and "balloon reports free pages" in r.output, (cmd, r.output)

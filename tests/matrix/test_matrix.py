@@ -150,6 +150,7 @@ def test_run_records_every_event_with_host_facts(probe_results):
         host = r["host"]
         assert host["cpu"] and host["kernel"] and host["memory_bytes"] > 0 and host["cores"] >= 1
         assert "gpus" in host and host["disks"]
+        assert "page_reporting" in host and host["memory_kept"] is False  # no --keep-memory given
         evs = [e for e in events if e["run"] == r["run"]]
         assert evs and evs[0]["name"] == "CONTAINER_START"
         assert [e["t"] for e in evs if e["name"] == "READY"] == [r["total_seconds"]]
@@ -185,6 +186,7 @@ def test_summary_table_and_plots(probe_results):
     assert {r["metric"] for r in rows} <= {"total", *PHASES}
     md = (out / "summary.md").read_text()
     assert "| plain | warm |" in md and "CPU-measured" in md and "Command: `coldstart matrix run" in md
+    assert "page reporting" in md  # on, off, or none on this kernel: the line says which
     assert (out / "COMMAND").read_text().startswith("coldstart matrix run")
     for png in ("phases.png", "distributions.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -8,6 +8,8 @@ from typing import List, Optional
 
 import typer
 
+from coldstart.bench.host import KEEP_MEMORY_HELP
+
 sub = typer.Typer(help="Experiment matrix: run variants x caches x models, tables and plots under results/.",
                   no_args_is_help=True)
 
@@ -26,16 +28,22 @@ def run_cmd(
     force: bool = typer.Option(False, "--force", help="Replace an existing raw.jsonl."),
     gateway: Optional[str] = typer.Option(None, "--gateway", help="Also push each run to this Pushgateway."),
     fresh_snapshots: bool = typer.Option(False, "--fresh-snapshots", help="Re-make the snapshots."),
+    keep_memory: bool = typer.Option(False, "--keep-memory", help=KEEP_MEMORY_HELP),
 ) -> None:
     """Run every cell (shuffled, interleaved), record raw.jsonl, then write the summary and plots."""
+    from coldstart.bench import host
     from coldstart.matrix.report import render
     from coldstart.matrix.runner import run_experiment
     from coldstart.matrix.spec import load_experiment
 
     exp = load_experiment(spec)
     out = out or _default_out(spec, exp)
-    raw = run_experiment(exp, out, repetitions=reps, only=only, force=force, gateway=gateway,
-                         fresh_snapshots=fresh_snapshots, say=lambda s: print(s, file=sys.stderr, flush=True))
+    say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    reporting = host.page_reporting()  # before --keep-memory turns it off
+    with host.kept_if(keep_memory, say=say) as kept:
+        raw = run_experiment(exp, out, repetitions=reps, only=only, force=force, gateway=gateway,
+                             fresh_snapshots=fresh_snapshots, say=say,
+                             host_extra={"page_reporting": reporting, "memory_kept": kept is not None})
     cmd = "coldstart matrix run " + " ".join(shlex.quote(a) for a in sys.argv[3:]) if len(sys.argv) > 3 else \
         f"coldstart matrix run {spec}"
     (out / "COMMAND").write_text(cmd + "\n")

@@ -133,6 +133,21 @@ def write_csv(rows: list[Row]) -> str:
     return buf.getvalue()
 
 
+def _reporting_note(host: dict) -> str:
+    """The VM's free page reporting (recorded since --keep-memory; older runs say nothing): while on,
+    the memory a dropped page cache frees goes back to the hypervisor, and cold cells pay for it."""
+    rep = host.get("page_reporting")
+    if "page_reporting" not in host:
+        return ""
+    if rep is None:
+        return " No free page reporting on this kernel."
+    if host.get("memory_kept"):
+        return (f" The VM's free page reporting (order {rep['order']}) was off for the run and its free memory "
+                "touched first (--keep-memory).")
+    return (f" The VM's free page reporting was on (order {rep['order']}): a dropped page cache is also memory "
+            "the hypervisor backs again when it is next touched (--keep-memory turns it off).")
+
+
 def write_markdown(raw: Raw, rows: list[Row], outcomes, command: str | None) -> str:
     exp = raw.experiment
     host = exp.get("host", {})
@@ -146,7 +161,7 @@ def write_markdown(raw: Raw, rows: list[Row], outcomes, command: str | None) -> 
         f"{(host.get('memory_bytes') or 0) / 2**30:.0f} GiB, kernel {host.get('kernel', '?')}, "
         f"vLLM {host.get('vllm', '?')}, torch {host.get('torch', '?')}, commit {host.get('coldstart_commit', '?')}; "
         + ("GPU: " + ", ".join(g['name'] for g in gpus) if gpus else "no GPU: **every number here is CPU-measured**")
-        + ".",
+        + "." + _reporting_note(host),
         f"Seed {exp.get('seed')}, {exp.get('repetitions')} repetitions per cell, cells in a shuffled interleaved "
         "order; cold = page cache dropped just before the run, warm = the cell's files read just before. "
         "Times are seconds from process start (like a container start) to the first token; median [p10–p90] "

@@ -329,10 +329,10 @@ def snapshot_path(exp: Experiment, model: ModelSpec, model_dir: Path, snap: str)
 
 def run_experiment(exp: Experiment, out: Path, *, repetitions: int | None = None, only: list[str] | None = None,
                    force: bool = False, gateway: str | None = None, fresh_snapshots: bool = False,
-                   say: Callable[[str], None] = print) -> Path:
+                   say: Callable[[str], None] = print, host_extra: dict[str, Any] | None = None) -> Path:
     """Run the experiment, write out/raw.jsonl (every event of every run + a record per run with the
-    host's facts). Returns the raw file. The file is written as raw.jsonl.partial and renamed at the end,
-    so an interrupted matrix never looks finished."""
+    host's facts, ``host_extra`` added to them). Returns the raw file. The file is written as
+    raw.jsonl.partial and renamed at the end, so an interrupted matrix never looks finished."""
     out = Path(out)
     raw = out / RAW
     if raw.exists() and not force:
@@ -342,7 +342,7 @@ def run_experiment(exp: Experiment, out: Path, *, repetitions: int | None = None
     runs_dir = cache_root() / "matrix" / "runs" / f"{exp.name}-{int(time.time())}"
     p = plan(exp, repetitions, only)
     model_dirs = {m.name: resolve_model(m) for m in exp.models}
-    facts = host_facts([out.absolute(), *model_dirs.values()])
+    facts = {**host_facts([out.absolute(), *model_dirs.values()]), **(host_extra or {})}
     base_vals = {"python": sys.executable, "coldstart": coldstart_exe()}
     needs_root = any(c == "cold" for *_, c in p.runs)
     if needs_root and os.geteuid() != 0:
