@@ -71,6 +71,7 @@ def test_restore_in_a_new_container_from_a_read_only_mount(docker_client, app_im
         assert summary["restored"] is True and summary["canary_ok"] is True, summary
         ev = summary["events"]  # no COLDSTART_T0 given: the clock starts at the entrypoint's exec
         assert ev["ENTRYPOINT_START"] == 0 and 0 < ev["ENTRY_READY"] < ev["FIRST_TOKEN"], ev
+        assert 0 <= ev["ENTRY_PYTHON"] <= ev["ENTRY_READY"], ev  # runc's init execs python after docker's start
         # the server restored into the container's own network serves its port: no relay in between
         attrs = summary["attrs"]
         assert attrs["RESTORE_ISSUED"]["net"] == "host" and attrs["READY"]["gate"] == "opened", attrs

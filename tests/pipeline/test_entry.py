@@ -44,6 +44,21 @@ def test_clock_started_by_the_entrypoint_itself_puts_its_exec_at_zero(monkeypatc
         assert ev["ENTRYPOINT_START"] == 0 and ev["ENTRY_READY"] >= 0, ev
 
 
+def test_the_entrypoints_first_line_of_python_is_marked_between_its_exec_and_ready(monkeypatch):
+    """A container's entrypoint process is created (runc's init) well before it execs: ENTRY_PYTHON
+    says when our first line ran, so that docker's start and the interpreter's are not counted as ours."""
+    from coldstart.pipeline.events import PYTHON_T_ENV, Timeline, exec_wall_time
+
+    t0 = exec_wall_time() - 0.5  # as if the host's create call came half a second before the exec
+    monkeypatch.setenv("COLDSTART_T0", repr(t0))
+    monkeypatch.setenv(PYTHON_T_ENV, repr(t0 + 0.7))
+    ev = {e.name: e.t for e in Timeline.from_container_start("restore").events}
+    assert list(ev) == ["CONTAINER_START", "ENTRYPOINT_START", "ENTRY_PYTHON", "ENTRY_READY"], ev
+    assert abs(ev["ENTRYPOINT_START"] - 0.5) < 0.02 and abs(ev["ENTRY_PYTHON"] - 0.7) < 1e-6, ev
+    monkeypatch.delenv(PYTHON_T_ENV)  # not run as `coldstart` (e.g. imported by another program): no event
+    assert "ENTRY_PYTHON" not in {e.name for e in Timeline.from_container_start("restore").events}
+
+
 def test_host_root_is_found_while_helpers_come_and_go():
     """launcher → CRIU's init → the restored root, and beside the root helpers that exit and are
     reaped at any moment: a helper gone between the listing and the look at it must not make the

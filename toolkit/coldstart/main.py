@@ -4,6 +4,9 @@ other command goes to the typer CLI (coldstart.cli)."""
 from __future__ import annotations
 
 import sys
+import time
+
+STARTED = time.time()  # the entrypoint's first line of ours: the runtime's start and the interpreter's are before it
 
 
 def main() -> int | None:

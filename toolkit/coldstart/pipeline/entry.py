@@ -93,9 +93,12 @@ def prepare(argv: list[str]) -> argparse.Namespace:
     restore imported. `coldstart bench container`'s entry probe runs only this, so that what it
     measures is what the entrypoint does."""
     args = parser().parse_args(argv)
-    from coldstart.pipeline.events import exec_wall_time
+    from coldstart.pipeline.events import PYTHON_T_ENV, exec_wall_time
 
     os.environ.setdefault("COLDSTART_T0", repr(exec_wall_time()))
+    started = getattr(sys.modules.get("coldstart.main"), "STARTED", None)  # None: not run as `coldstart`
+    if started is not None:
+        os.environ[PYTHON_T_ENV] = repr(started)
     import coldstart.pipeline.restore  # noqa: F401  (its imports belong before ENTRY_READY)
     import coldstart.registry.mount  # noqa: F401
     return args

@@ -19,7 +19,10 @@ class EventName(str, Enum):
     # container runs (coldstart.containers), all on the clock of the host's create call
     CONTAINER_CREATE = "CONTAINER_CREATE"
     CONTAINER_STARTED = "CONTAINER_STARTED"
-    ENTRYPOINT_START = "ENTRYPOINT_START"  # the entrypoint process's exec, from /proc (not from Python)
+    # the entrypoint process's start as /proc records it (not from Python): its fork, which for a
+    # container is runc's init, created by docker's start call before it execs the entrypoint
+    ENTRYPOINT_START = "ENTRYPOINT_START"
+    ENTRY_PYTHON = "ENTRY_PYTHON"  # the entrypoint's first line of ours (coldstart.main), the interpreter up
     ENTRY_READY = "ENTRY_READY"  # its interpreter up, arguments parsed, the restore imported: its own work starts
     LAZY_MOUNTED = "LAZY_MOUNTED"  # a registry reference mounted lazily (index verified, prefetch started)
     RUNTIME_MOUNTED = "RUNTIME_MOUNTED"  # the server's runtime (venv) mounted lazily, or a directory given for it
@@ -71,6 +74,9 @@ class Event:
     attrs: dict[str, Any] = field(default_factory=dict)
 
 
+PYTHON_T_ENV = "COLDSTART_ENTRY_PYTHON"  # wall time of the entrypoint's first line of ours (pipeline.entry)
+
+
 def exec_wall_time(pid: int | str = "self") -> float:
     """Wall-clock time of the process's exec, to the kernel's tick (10 ms). Its start in ticks since
     boot (/proc/PID/stat) is set against CLOCK_BOOTTIME now; psutil's create_time adds the boot time
@@ -107,6 +113,9 @@ class Timeline:
             # that two readings of it (COLDSTART_T0 set by the entrypoint itself) give exactly 0
             since = round(exec_wall_time() - float(t0_wall), 3)
             tl.mark(EventName.ENTRYPOINT_START, at=tl.t0 + max(since, 0.0))
+            py = os.environ.get(PYTHON_T_ENV)
+            if py:
+                tl.mark(EventName.ENTRY_PYTHON, at=tl.t0 + max(float(py) - float(t0_wall), since, 0.0))
             tl.mark(EventName.ENTRY_READY)
         return tl
 
