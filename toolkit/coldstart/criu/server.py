@@ -147,12 +147,14 @@ def _kdat_name(target: str) -> str:
 
 
 def _copy_atomic(src: Path, dst: Path) -> None:
-    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
+    """A unique temporary name: replicas writing the node's copy at once are PID 1 each."""
+    fd, name = tempfile.mkstemp(prefix=f".{dst.name}.", dir=dst.parent)
+    os.close(fd)
     try:
-        shutil.copyfile(src, tmp)
-        os.replace(tmp, dst)
+        shutil.copyfile(src, name)
+        os.replace(name, dst)
     finally:
-        tmp.unlink(missing_ok=True)
+        Path(name).unlink(missing_ok=True)
 
 
 def kernel_check(criu: str) -> str:
