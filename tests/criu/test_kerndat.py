@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import xxhash
+
 # one process in a new mount namespace with its own empty /dev/shm, like a new container
 _CHILD = """
 import json, subprocess, sys
@@ -48,3 +50,16 @@ def test_a_process_with_other_capabilities_probes_its_own(criu_paths, tmp_path):
     less = _fresh_shm(criu, node, tmp_path / "2.log", drop_cap="audit_control")
     assert less["came"] == "probed" and less["key"] != full["key"], (full, less)
     assert len(list((node / "criu-kdat").iterdir())) == 2
+
+
+def test_a_damaged_copy_on_the_node_is_not_used_and_is_written_again(criu_paths, tmp_path):
+    criu, node = criu_paths["patched"], tmp_path / "node"
+    first = _fresh_shm(criu, node, tmp_path / "1.log")
+    (kept,) = (node / "criu-kdat" / first["key"]).iterdir()
+    good = kept.read_bytes()
+    kept.write_bytes(good[: len(good) // 2])  # truncated (a full disk, a killed copy)
+    again = _fresh_shm(criu, node, tmp_path / "2.log")
+    assert again["came"] == "probed" and again["check"] == "Looks good.", again
+    (rewritten,) = (node / "criu-kdat" / first["key"]).iterdir()  # (a probe's bytes may differ: padding)
+    assert len(rewritten.read_bytes()) == len(good)
+    assert rewritten.suffix[1:] == xxhash.xxh3_64(rewritten.read_bytes()).hexdigest()

@@ -103,16 +103,21 @@ def publish_dir(stage: Path, target: Path) -> None:
     fsync_dir(Path(target).parent)
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` all at once: a temporary file beside it, fsynced, renamed over
-    it, the directory fsynced. A killed writer leaves the old file (and at most a hidden temp file)."""
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Replace ``path`` with ``data`` all at once: a temporary file beside it, fsynced, renamed over
+    it, the directory fsynced. A killed writer leaves the old file (and at most a hidden temp file).
+    The temporary name is unique, not the PID's: containers sharing a node dir are each PID 1."""
+    import tempfile
+
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    tmp = Path(name)
     try:
-        with open(tmp, "w") as f:
-            f.write(text)
+        with open(fd, "wb" if isinstance(data, bytes) else "w") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 is not what a plain write would give
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

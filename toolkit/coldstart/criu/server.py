@@ -87,27 +87,49 @@ def ensure_kerndat(criu: str) -> str:
     namespace (where /proc is the host's), once per boot. A new container's /dev/shm starts empty,
     and probing them (``criu check``) took 30-50 ms of every container restore, so the facts are
     also kept in the node dir, which replicas share (``kdat_key``: only where they hold for this
-    process). Returns where they came from: "cached", "node" or "probed"."""
+    process; the file's digest in its name). Returns where they came from: "cached", "node" or
+    "probed"."""
+    from coldstart.fsutil import write_atomic
+
     if any(Path(p).exists() for p in KDAT_FILES):
         return "cached"
     shared = _node_kdat(criu)
     for target in KDAT_FILES:
-        src = shared / _kdat_name(target) if shared else None
-        if src is not None and src.is_file() and Path(target).parent.is_dir():
+        facts = _node_facts(shared, target) if shared is not None else None
+        if facts is not None and Path(target).parent.is_dir():
             try:
-                _copy_atomic(src, Path(target))
+                write_atomic(Path(target), facts)
                 return "node"
             except OSError:
                 break
     subprocess.run([criu, "check"], capture_output=True, timeout=60)
     made = next((Path(p) for p in KDAT_FILES if Path(p).exists()), None)
     if shared is not None and made is not None:
+        import xxhash
+
         try:
+            data = made.read_bytes()
             shared.mkdir(parents=True, exist_ok=True)
-            _copy_atomic(made, shared / _kdat_name(str(made)))
+            write_atomic(shared / f"{_kdat_name(str(made))}.{xxhash.xxh3_64(data).hexdigest()}", data)
         except OSError:
             pass  # a read-only node dir: the next restore probes again
     return "probed"
+
+
+def _node_facts(shared: Path, target: str) -> bytes | None:
+    """The node's copy of the facts for ``target`` whose content matches the digest in its name (a
+    damaged one is removed, so that the restore probes and writes it again)."""
+    import xxhash
+
+    for f in shared.glob(_kdat_name(target) + ".*"):
+        try:
+            data = f.read_bytes()
+            if xxhash.xxh3_64(data).hexdigest() == f.suffix[1:]:
+                return data
+            f.unlink()
+        except OSError:
+            continue
+    return None
 
 
 def kdat_key(criu: str) -> str:
@@ -144,17 +166,6 @@ def _node_kdat(criu: str) -> Path | None:
 
 def _kdat_name(target: str) -> str:
     return target.strip("/").replace("/", "_")
-
-
-def _copy_atomic(src: Path, dst: Path) -> None:
-    """A unique temporary name: replicas writing the node's copy at once are PID 1 each."""
-    fd, name = tempfile.mkstemp(prefix=f".{dst.name}.", dir=dst.parent)
-    os.close(fd)
-    try:
-        shutil.copyfile(src, name)
-        os.replace(name, dst)
-    finally:
-        Path(name).unlink(missing_ok=True)
 
 
 def kernel_check(criu: str) -> str:

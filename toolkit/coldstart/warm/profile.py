@@ -71,20 +71,12 @@ class Profile:
         return asdict(self)
 
     def save(self, path: Path) -> Path:
-        """Atomic write (temp file, fsync, rename): a crash never leaves half a profile."""
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-        with open(tmp, "w") as f:
-            json.dump(self.to_dict(), f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-        return path
+        """Atomic write (fsutil.write_atomic): a crash never leaves half a profile, and replicas
+        recording at once on a new node each write their own temporary file."""
+        from coldstart.fsutil import write_atomic
+
+        write_atomic(Path(path), json.dumps(self.to_dict(), indent=1))
+        return Path(path)
 
     def mapped_files(self) -> list[Path]:
         """Files outside the snapshot the restored processes mapped (absolute paths in ``files``)."""
