@@ -57,6 +57,8 @@ def test_the_entrypoints_first_line_of_python_is_marked_between_its_exec_and_rea
     assert abs(ev["ENTRYPOINT_START"] - 0.5) < 0.02 and abs(ev["ENTRY_PYTHON"] - 0.7) < 1e-6, ev
     monkeypatch.delenv(PYTHON_T_ENV)  # not run as `coldstart` (e.g. imported by another program): no event
     assert "ENTRY_PYTHON" not in {e.name for e in Timeline.from_container_start("restore").events}
+    monkeypatch.setenv(PYTHON_T_ENV, repr(t0 + 0.1))  # before this process's exec: a parent's, inherited
+    assert "ENTRY_PYTHON" not in {e.name for e in Timeline.from_container_start("restore").events}
 
 
 def test_host_root_is_found_while_helpers_come_and_go():

@@ -113,9 +113,9 @@ class Timeline:
             # that two readings of it (COLDSTART_T0 set by the entrypoint itself) give exactly 0
             since = round(exec_wall_time() - float(t0_wall), 3)
             tl.mark(EventName.ENTRYPOINT_START, at=tl.t0 + max(since, 0.0))
-            py = os.environ.get(PYTHON_T_ENV)
-            if py:
-                tl.mark(EventName.ENTRY_PYTHON, at=tl.t0 + max(float(py) - float(t0_wall), since, 0.0))
+            py = float(os.environ.get(PYTHON_T_ENV) or "nan") - float(t0_wall)
+            if py >= since - 0.005:  # this process's (not inherited from a parent that was the entrypoint)
+                tl.mark(EventName.ENTRY_PYTHON, at=tl.t0 + max(py, since, 0.0))
             tl.mark(EventName.ENTRY_READY)
         return tl
 
