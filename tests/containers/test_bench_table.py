@@ -91,3 +91,16 @@ def test_the_entrypoints_cold_cost_is_added_to_the_bound_from_the_same_run():
     # bound with it max(1.0 + 0.12, 0.5) = 1.12 -> 1.3 / 1.12 = 1.16x
     assert "| tiny | 0.130 | 0.250 | 0.270 | 0.120 | 1.00 | 1.12 | 1.30 | **1.16x** |" in t
     assert "**1.30x**" in t
+
+
+def test_the_table_says_at_which_milestone_the_cold_start_falls_behind():
+    def start(method: str, cache: str, shift: float, late: float) -> dict:
+        ev = {"CONTAINER_STARTED": 0.2 + shift, "ENTRY_PYTHON": 0.21 + shift, "ENTRY_READY": 0.3 + shift,
+              "RESTORE_DONE": 0.5 + shift + late, "FIRST_TOKEN": 0.7 + shift + late}
+        return {"size": "tiny", "method": method, "cache": cache, "rep": 0, "first_token_s": 0.8, "events": ev}
+
+    rows = [start("restore", "warm", 0.0, 0.0), start("restore+hostwarm", "cold", 0.15, 0.05)]
+    t = render(rows, "Host: test", "coldstart bench container")
+    assert "| tiny | warm | 0.200 | 0.210 | 0.300 | 0.500 | - | 0.700 |" in t
+    assert "| tiny | **lost** | +0.150 | +0.150 | +0.150 | +0.200 | - | +0.200 |" in t
+    assert "Where the cold" not in render(rows[:1], "Host: test", "coldstart bench container")  # no cold starts

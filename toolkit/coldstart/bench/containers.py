@@ -331,8 +331,8 @@ def run_bench(c, image: str, cases: list[tuple[str, Path, Path]], *, reps: int, 
     return rows
 
 
-def _fmt(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2f}"
+def _fmt(x: float | None, digits: int = 2) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
 
 
 def _med(rows: list[dict], key: str = "first_token_s") -> float | None:
@@ -418,6 +418,35 @@ def _entry_floor(rows: list[dict], sizes: list[str]) -> list[str]:
     return out if n else []
 
 
+LOSS_EVENTS = ("CONTAINER_STARTED", "ENTRY_PYTHON", "ENTRY_READY", "RESTORE_DONE", "WEIGHTS_LOADED", "FIRST_TOKEN")
+
+
+def _where_lost(rows: list[dict], sizes: list[str]) -> list[str]:
+    """Where a cold restore with host warming falls behind a warm one: the median time of each
+    milestone of their timelines, from the create call, and the difference. Before ENTRY_PYTHON
+    nothing of ours has run (docker's create and start, the interpreter's exec)."""
+    out = ["", "Where the cold restore with host warming falls behind the warm one: medians of each milestone "
+           "from the create call (s). Before ENTRY_PYTHON (the entrypoint's first line of Python) only docker's "
+           "create and start and the interpreter's exec have run.", "",
+           "| model | case | " + " | ".join(LOSS_EVENTS) + " |", "|---|---|" + "---|" * len(LOSS_EVENTS)]
+    n = 0
+    for size in sizes:
+        cells = {case: [r for r in rows if r["size"] == size and r["method"] == m and r.get("cache") == c
+                        and r.get("events")]
+                 for case, m, c in (("warm", "restore", "warm"), ("cold + host warming", "restore+hostwarm", "cold"))}
+        med = {case: {e: _med([{"t": r["events"][e]} for r in rs if e in r["events"]], "t") for e in LOSS_EVENTS}
+               for case, rs in cells.items()}
+        if not all(cells.values()):
+            continue
+        n += 1
+        for case in cells:
+            out.append(f"| {size} | {case} | " + " | ".join(_fmt(med[case][e], 3) for e in LOSS_EVENTS) + " |")
+        a, b = med["warm"], med["cold + host warming"]
+        out.append(f"| {size} | **lost** | " + " | ".join(
+            "-" if a[e] is None or b[e] is None else f"{b[e] - a[e]:+.3f}" for e in LOSS_EVENTS) + " |")
+    return out if n else []
+
+
 def render(rows: list[dict], host: str, command: str) -> str:
     """Medians per (model, cache, method); the speed-up of the restore over the naive start; and the
     overlapped-warming check: cold restore+hostwarm against max(warm restore, bytes a cold restore
@@ -460,6 +489,7 @@ def render(rows: list[dict], host: str, command: str) -> str:
                  f"| {bound:.2f} | {b['hw']:.2f} | **{b['hw'] / bound:.2f}x** | {_fmt(b['cold'])} |")
     L += _per_start_bounds(rows, sizes)
     L += _entry_floor(rows, sizes)
+    L += _where_lost(rows, sizes)
     loaded = [size for size in sizes if any(r["size"] == size and r["method"] == "restore+load" for r in rows)]
     if loaded:
         L += ["", "The warming's own cost: a warm restore while the same host warmer, started at the create "
