@@ -533,10 +533,12 @@ class ColdstartRPCMixin:
             self._cs_settled = out
             log.info("coldstart settle: %s", out)
 
+        # the bytes it will copy: the spans map_file left lazy (those only kept handles read) stay mapped.
+        # Counted before the thread starts: a small arena is settled (and reads as unmapped) at once
+        nbytes = arena.settle_bytes() + (parena.settle_bytes() if packed_mapped else 0)
         self._cs_settler = threading.Thread(target=work, name="coldstart-settle", daemon=True)
         self._cs_settler.start()
-        # the bytes it will copy: the spans map_file left lazy (those only kept handles read) stay mapped
-        return {"started": True, "bytes": arena.settle_bytes() + (parena.settle_bytes() if packed_mapped else 0)}
+        return {"started": True, "bytes": nbytes}
 
     def _cs_stop_settling(self) -> None:
         """Before a sleep or a reload changes the arena: stop a settle in flight and wait for it."""
