@@ -63,3 +63,22 @@ def test_a_damaged_copy_on_the_node_is_not_used_and_is_written_again(criu_paths,
     (rewritten,) = (node / "criu-kdat" / first["key"]).iterdir()  # (a probe's bytes may differ: padding)
     assert len(rewritten.read_bytes()) == len(good)
     assert rewritten.suffix[1:] == xxhash.xxh3_64(rewritten.read_bytes()).hexdigest()
+
+
+def test_after_a_failed_restore_the_copy_it_used_is_forgotten(tmp_path, monkeypatch):
+    """A CRIU failure with the node's facts removes that copy (pipeline.restore calls
+    forget_node_kerndat), so the next restore probes; the facts found there are never probed here."""
+    from coldstart.criu import server
+
+    shm, node = tmp_path / "shm", tmp_path / "node"
+    shm.mkdir()
+    monkeypatch.setattr(server, "KDAT_FILES", (str(shm / "criu.kdat"),))
+    monkeypatch.setenv("COLDSTART_NODE_DIR", str(node))
+    facts = b"kernel facts as criu wrote them"
+    key_dir = node / "criu-kdat" / server.kdat_key(sys.executable)  # any binary: the key only stats it
+    key_dir.mkdir(parents=True)
+    copy = key_dir / f"{server._kdat_name(str(shm / 'criu.kdat'))}.{xxhash.xxh3_64(facts).hexdigest()}"
+    copy.write_bytes(facts)
+    assert server.ensure_kerndat(sys.executable) == "node" and (shm / "criu.kdat").read_bytes() == facts
+    assert server.forget_node_kerndat() and not copy.exists()
+    assert not server.forget_node_kerndat()  # once

@@ -80,6 +80,7 @@ def remap_lock():
 
 
 KDAT_FILES = ("/run/criu.kdat", "/dev/shm/criu.kdat")  # where criu keeps its kernel facts (tmpfs: per boot)
+_node_copy: Path | None = None  # the node's copy this process's facts came from (ensure_kerndat)
 
 
 def ensure_kerndat(criu: str) -> str:
@@ -91,14 +92,16 @@ def ensure_kerndat(criu: str) -> str:
     "probed"."""
     from coldstart.fsutil import write_atomic
 
+    global _node_copy
     if any(Path(p).exists() for p in KDAT_FILES):
         return "cached"
     shared = _node_kdat(criu)
     for target in KDAT_FILES:
-        facts = _node_facts(shared, target) if shared is not None else None
-        if facts is not None and Path(target).parent.is_dir():
+        found = _node_facts(shared, target) if shared is not None else None
+        if found is not None and Path(target).parent.is_dir():
             try:
-                write_atomic(Path(target), facts)
+                write_atomic(Path(target), found[1])
+                _node_copy = found[0]
                 return "node"
             except OSError:
                 break
@@ -116,7 +119,19 @@ def ensure_kerndat(criu: str) -> str:
     return "probed"
 
 
-def _node_facts(shared: Path, target: str) -> bytes | None:
+def forget_node_kerndat() -> bool:
+    """After CRIU failed with facts copied from the node: remove that copy, so that the next restore
+    probes them itself (a copy that does not hold here, e.g. under a seccomp profile the key cannot
+    tell apart, then fails one restore, not every one). Whether there was one to remove."""
+    global _node_copy
+    copy, _node_copy = _node_copy, None
+    if copy is None:
+        return False
+    copy.unlink(missing_ok=True)
+    return True
+
+
+def _node_facts(shared: Path, target: str) -> tuple[Path, bytes] | None:
     """The node's copy of the facts for ``target`` whose content matches the digest in its name (a
     damaged one is removed, so that the restore probes and writes it again)."""
     import xxhash
@@ -125,7 +140,7 @@ def _node_facts(shared: Path, target: str) -> bytes | None:
         try:
             data = f.read_bytes()
             if xxhash.xxh3_64(data).hexdigest() == f.suffix[1:]:
-                return data
+                return f, data
             f.unlink()
         except OSError:
             continue

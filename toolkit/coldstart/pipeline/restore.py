@@ -832,6 +832,7 @@ def _criu_wait(popen: subprocess.Popen, snap: Path, m: Manifest, st: RestoreStat
     while not restored_flag.exists():
         if popen.poll() is not None:
             stderr = (st.dir / "criu.stderr").read_text(errors="replace").strip()
+            _criu.forget_node_kerndat()  # the facts copied from the node may be why: the next restore probes
             raise RestoreFailed(f"criu restore failed (log {log}): {_criu._log_tail(log) or stderr[-300:]}")
         if time.monotonic() > deadline:
             popen.kill()
