@@ -6,13 +6,13 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from coldstart.errors import ColdstartError
+from coldstart.fsutil import write_atomic
 from coldstart.pipeline.events import PHASES
 
 TOTAL = "total"  # start -> first token (FIRST_TOKEN, else READY, else last event)
@@ -289,12 +289,6 @@ def plot(raw: Raw, rows: list[Row], out: Path) -> list[Path]:
     return paths
 
 
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def render(results: Path, command: str | None = None) -> list[Path]:
     """Write summary.md, summary.csv, phases.png, distributions.png next to raw.jsonl."""
     results = Path(results)
@@ -303,7 +297,7 @@ def render(results: Path, command: str | None = None) -> list[Path]:
     if command is None and (out / "COMMAND").exists():
         command = (out / "COMMAND").read_text().strip()
     rows, outcomes = summarise(raw)
-    _write(out / "summary.csv", write_csv(rows))
-    _write(out / "summary.md", write_markdown(raw, rows, outcomes, command))
+    write_atomic(out / "summary.csv", write_csv(rows))
+    write_atomic(out / "summary.md", write_markdown(raw, rows, outcomes, command))
     pngs = plot(raw, rows, out) if rows else []
     return [out / "summary.md", out / "summary.csv", *pngs]

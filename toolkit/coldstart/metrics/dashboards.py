@@ -10,10 +10,10 @@ metrics test runs each one against a real Prometheus holding real runs' series.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from coldstart.fsutil import write_atomic
 from coldstart.metrics import names as N
 
 DATASOURCE_UID = "coldstart-prometheus"
@@ -204,16 +204,6 @@ providers:
 """
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def write_dashboards(out: Path) -> list[Path]:
     """Write the dashboard JSON and the provisioning files under ``out``; returns the paths."""
     out = Path(out)
@@ -224,7 +214,8 @@ def write_dashboards(out: Path) -> list[Path]:
         out / "provisioning" / "dashboards" / "coldstart.yaml": DASHBOARDS_YAML,
     }
     for p, text in files.items():
-        _write_atomic(p, text)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(p, text)
     return list(files)
 
 

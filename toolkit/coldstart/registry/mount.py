@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coldstart.errors import ColdstartError
+from coldstart.fsutil import write_atomic
 from coldstart.state import cache_root
 
 DAEMON = "coldstart-lazyfs"
@@ -121,9 +122,7 @@ def mount(ref: str, mountpoint: Path, *, prefetch: bool | str | None = None, thr
     (cache / "indexes").mkdir(parents=True, exist_ok=True)
     idx = cache / "indexes" / f"{mdigest.split(':', 1)[1]}.json"
     if not idx.exists():
-        tmp = idx.with_name(f".{idx.name}.{os.getpid()}")
-        tmp.write_bytes(raw)
-        os.replace(tmp, idx)
+        write_atomic(idx, raw)
     mountpoint = Path(mountpoint)
     made = not mountpoint.exists()
     mountpoint.mkdir(parents=True, exist_ok=True)
