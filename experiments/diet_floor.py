@@ -33,7 +33,6 @@ import psutil
 
 from coldstart.warm.residency import drop_caches
 from coldstart.bench.pipeline import kill_restored
-from coldstart.engine.client import EngineClient
 from coldstart.engine.launcher import EngineSpec, free_port, start_engine
 from coldstart.pipeline.checkpoint import reload_weights, _weights_entry
 from first_token_pages import restored_tree
@@ -83,7 +82,7 @@ def live(model: Path, work: Path) -> dict:
     eng = start_engine(spec, new_pidns=False)
     try:
         eng.wait_ready(600)
-        c = EngineClient(spec.base_url, timeout=300)
+        c = spec.client(timeout=300)
         c.score(CANARY)
         res = c.collective_rpc("coldstart_dump_weights", kwargs={"out_dir": str(run / "weights")})
         weights = _weights_entry(run, run / "weights", res)

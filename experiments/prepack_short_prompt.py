@@ -14,7 +14,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-from coldstart.engine.client import EngineClient
 from coldstart.engine.launcher import EngineSpec, free_port, start_engine
 
 model, sleep, pidns, prompt = Path(sys.argv[1]), sys.argv[2] == "1", sys.argv[3] == "1", sys.argv[4]
@@ -23,7 +22,7 @@ eng = start_engine(spec, new_pidns=pidns)
 try:
     eng.wait_ready(300)
     try:
-        print("OK", repr(EngineClient(spec.base_url, timeout=120).complete(prompt, max_tokens=2).text))
+        print("OK", repr(spec.client(timeout=120).complete(prompt, max_tokens=2).text))
     except Exception as e:  # noqa: BLE001 - the answer is the finding
         print("FAILED", str(e)[:200])
 finally:

@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 
 from coldstart.bench.weights import fio_run, resident_fraction
-from coldstart.engine.client import EngineClient
 from coldstart.engine.launcher import EngineSpec, free_port, start_engine
 from coldstart.models.tiny import cached_model
 from coldstart.warm.residency import evict_all
@@ -40,7 +39,7 @@ eng = start_engine(spec)
 rows = []
 try:
     eng.wait_ready(1800)
-    c = EngineClient(spec.base_url, timeout=900)
+    c = spec.client(timeout=900)
     canary = c.complete("The capital of France is", max_tokens=8).token_ids
     flat = work / "flat"
     c.collective_rpc("coldstart_dump_weights", kwargs={"out_dir": str(flat)})

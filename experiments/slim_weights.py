@@ -36,7 +36,6 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--tokens", type=int, default=64)
     a = ap.parse_args()
-    from coldstart.engine.client import EngineClient
     from coldstart.pipeline.checkpoint import CheckpointOptions, checkpoint, reload_weights
     from coldstart.pipeline.restore import RestoreOptions, restore
     from coldstart.registry.artifact import build_index, shipped_profile
@@ -73,7 +72,7 @@ def main() -> None:
         restore(RestoreOptions(snapshot=snap, fallback=False), say=lambda s: None).stop()  # caches warm
         res = restore(RestoreOptions(snapshot=snap, fallback=False), say=lambda s: None)
         try:
-            c = EngineClient(res.base_url, timeout=600)
+            c = res.client(timeout=600)
             got = [c.complete(p, max_tokens=a.tokens, seed=0).token_ids for p in PROMPTS]
             answers[variant] = got
             ev = {e.name: e for e in res.timeline.events}

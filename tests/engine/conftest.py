@@ -11,7 +11,6 @@ CANARY_PROMPT = "the model loads weights from disk and"
 @pytest.fixture(scope="session")
 def engine_server(tiny_model_dir: Path, tmp_path_factory):
     """(EngineProcess, EngineClient) of a server started with EngineSpec's defaults."""
-    from coldstart.engine.client import EngineClient
     from coldstart.engine.launcher import EngineSpec, free_port, start_engine
 
     run_dir = tmp_path_factory.mktemp("engine-run")
@@ -19,7 +18,7 @@ def engine_server(tiny_model_dir: Path, tmp_path_factory):
     eng = start_engine(spec)
     try:
         eng.wait_ready(timeout=900)
-        yield eng, EngineClient(spec.base_url)
+        yield eng, spec.client()
     finally:
         eng.stop()
 

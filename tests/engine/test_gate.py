@@ -1,7 +1,8 @@
-"""The gate a snapshot's server holds its port closed with (vLLM's --middleware): until a restore
-opens it from loopback, clients from the network get 503 and loopback clients (the restore's own
-checks) pass; after it, everyone passes. Driven through a real ASGI stack (Starlette, as vLLM's
-FastAPI app), clients given their source addresses."""
+"""The gate on our servers' port (vLLM's --middleware): vLLM's dev-mode routes answer only requests
+with the server's control token; a snapshot's server answers nothing else until a restore, with the
+token, opens it; after that everyone passes. A server without a token (a snapshot from before it)
+trusts loopback instead. Driven through a real ASGI stack (Starlette, as vLLM's FastAPI app),
+clients given their source addresses."""
 from __future__ import annotations
 
 import asyncio
@@ -16,28 +17,52 @@ from coldstart.engine import gate
 from coldstart.engine.launcher import EngineSpec
 
 
+TOKEN = "s3cret-token"
+
+
 @pytest.fixture()
 def app():
-    gate._state["open"] = False
+    saved = dict(gate._state)
+    gate._state.update(open=False, token=b"")
     ok = lambda request: JSONResponse({"data": ["m"]})  # noqa: E731
     a = Starlette(routes=[Route("/v1/models", ok), Route("/sleep", ok, methods=["POST"])])
     a.add_middleware(gate.Gate)
     yield a
-    gate._state["open"] = False
+    gate._state.update(saved)
 
 
-def _client(app, host: str) -> TestClient:
-    return TestClient(app, client=(host, 40000))
+def _client(app, host: str, token: str | None = None) -> TestClient:
+    return TestClient(app, client=(host, 40000), headers={gate.TOKEN_HEADER: token} if token else None)
 
 
-def test_network_clients_wait_for_the_gate_loopback_ones_do_not(app):
+def test_only_the_control_token_passes_a_closed_gate_and_the_dev_routes(app):
+    """Loopback is no proof: a private network's forwarder relays the network from loopback, and a
+    pod's sidecars share it."""
+    gate._state["token"] = TOKEN.encode()
+    remote, local = _client(app, "172.18.0.1"), _client(app, "127.0.0.1")
+    ours, wrong = _client(app, "127.0.0.1", TOKEN), _client(app, "127.0.0.1", "s3cret-tokem")
+    for c in (remote, local, wrong):
+        assert c.get("/v1/models").status_code == 503
+        assert c.get(gate.STATE_PATH).status_code == 403 and c.post(gate.OPEN_PATH).status_code == 403
+        assert c.post("/sleep").status_code == 403
+    assert ours.get("/v1/models").json() == {"data": ["m"]} and ours.post("/sleep").status_code == 200
+    assert ours.get(gate.STATE_PATH).json() == {"open": False}
+    assert _client(app, "172.18.0.1", TOKEN).post(gate.OPEN_PATH).json() == {"open": True}  # any address
+    for c in (remote, local, wrong):
+        assert c.get("/v1/models").json() == {"data": ["m"]}
+        assert c.post("/sleep").status_code == 403 and c.post(gate.OPEN_PATH).status_code == 403
+    assert ours.post("/sleep").status_code == 200
+
+
+def test_without_a_token_loopback_is_trusted(app):
+    """A server started before the token (an older snapshot): the gate as it was then."""
     remote, local = _client(app, "172.18.0.1"), _client(app, "127.0.0.1")
     closed = remote.get("/v1/models")
     assert closed.status_code == 503 and closed.headers["retry-after"] == "1"
     assert "canary" in closed.json()["error"]["message"]
     assert local.get("/v1/models").json() == {"data": ["m"]}
     assert local.get(gate.STATE_PATH).json() == {"open": False}
-    assert remote.post(gate.OPEN_PATH).status_code == 503  # the network cannot open it
+    assert remote.post(gate.OPEN_PATH).status_code == 403  # the network cannot open it
     assert local.post(gate.OPEN_PATH).json() == {"open": True}
     assert remote.get("/v1/models").json() == {"data": ["m"]}
     # vLLM's dev-mode routes (sleep, wake, collective_rpc) stay loopback-only
@@ -97,8 +122,22 @@ def test_loopback_addresses():
                                             "10.0.0.1:5000", "[2001:db8::1]:5000", "fe80::1"))
 
 
-def test_only_a_gated_spec_passes_the_middleware_to_vllm(tmp_path):
-    plain = EngineSpec(model=tmp_path / "m", run_dir=tmp_path / "r").vllm_args()
-    gated = EngineSpec(model=tmp_path / "m", run_dir=tmp_path / "r", host="0.0.0.0", gate=True).vllm_args()
-    assert "--middleware" not in plain
-    assert gated[gated.index("--middleware") + 1] == gate.IMPORT_PATH == f"{gate.__name__}.{gate.Gate.__name__}"
+def test_a_server_with_dev_mode_gets_the_gate_and_its_own_token(tmp_path):
+    """Every server of ours with vLLM's dev mode runs behind the gate with a token of its own; only a
+    snapshot's (gate=True) starts closed; a cold boot runs without dev mode, so without either."""
+    plain = EngineSpec(model=tmp_path / "m", run_dir=tmp_path / "r")
+    gated = EngineSpec(model=tmp_path / "m", run_dir=tmp_path / "r", host="0.0.0.0", gate=True)
+    cold = EngineSpec(model=tmp_path / "m", run_dir=tmp_path / "r", sleep_mode=False, dev_mode=False)
+    for spec in (plain, gated):
+        args, env = spec.vllm_args(), spec.env_overrides()
+        assert args[args.index("--middleware") + 1] == gate.IMPORT_PATH == f"{gate.__name__}.{gate.Gate.__name__}"
+        assert env["VLLM_SERVER_DEV_MODE"] == "1" and len(env[gate.TOKEN_ENV]) >= 32 == len(spec.control_token)
+        assert spec.client()._s.headers[gate.TOKEN_HEADER] == spec.control_token
+    assert plain.control_token != gated.control_token
+    assert gate.CLOSED_ENV not in plain.env_overrides() and gated.env_overrides()[gate.CLOSED_ENV] == "closed"
+    assert "--middleware" not in cold.vllm_args() and cold.control_token == ""
+    assert not {"VLLM_SERVER_DEV_MODE", gate.TOKEN_ENV} & set(cold.env_overrides())
+    assert gate.TOKEN_HEADER not in cold.client()._s.headers
+    # a snapshot from before the token: restored without one (its gate trusts loopback), none sent
+    assert EngineSpec(model=tmp_path / "m", run_dir=tmp_path / "r", control_token="").env_overrides().get(
+        gate.TOKEN_ENV) is None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import psutil
@@ -115,6 +117,23 @@ def test_client_errors_name_the_endpoint(engine_server):
         EngineClient(f"http://127.0.0.1:{free_port()}", timeout=2).models()
 
 
+def test_dev_routes_answer_only_the_servers_control_token(engine_server):
+    """The server runs vLLM's dev mode behind our gate: its routes answer the token only, from loopback
+    too (`coldstart engine ...` sends it from --token or $COLDSTART_CONTROL_TOKEN)."""
+    eng, client = engine_server
+    url = eng.spec.base_url
+    with pytest.raises(ColdstartError, match="HTTP 403.*control token"):
+        EngineClient(url, timeout=30).is_sleeping()
+    assert EngineClient(url, timeout=30).models() == client.models()  # the rest of the API: open
+    exe = [sys.executable, "-m", "coldstart", "engine", "state", "--url", url]
+    env = {k: v for k, v in os.environ.items() if k != "COLDSTART_CONTROL_TOKEN"}
+    refused = subprocess.run(exe, capture_output=True, text=True, timeout=120, env=env)
+    assert refused.returncode != 0 and "403" in refused.stderr, refused.stderr
+    state = subprocess.run(exe + ["--token", eng.spec.control_token], capture_output=True, text=True, timeout=120,
+                           env=env, check=True)
+    assert "weights_bytes" in json.loads(state.stdout)[0], state.stdout
+
+
 def test_load_format_coldstart_and_clean_stop(tiny_model_dir, flat_dump, canary, canary_prompt, tmp_path):
     """A second server loading from the flat dump (--load-format coldstart) answers exactly like the
     safetensors-loaded one; stop() leaves no process and none of its /dev/shm files."""
@@ -124,7 +143,7 @@ def test_load_format_coldstart_and_clean_stop(tiny_model_dir, flat_dump, canary,
     eng = start_engine(spec)
     try:
         eng.wait_ready(timeout=900)
-        client = EngineClient(spec.base_url)
+        client = spec.client()
         assert _complete(client, canary_prompt) == canary
         assert "coldstart: loaded weights from" in spec.log_path.read_text()
         # vLLM's own reload entry point reloads from the flat dump too (sleep, wake, reload)

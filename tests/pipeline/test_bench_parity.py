@@ -48,7 +48,7 @@ def test_restored_bench_model_answers_like_a_stock_server(bench_snapshot):
 
     model, snap, m = bench_snapshot
     run_dir = Path(tempfile.mkdtemp(prefix="cs-stock-"))  # short: vLLM's IPC socket paths live in it
-    stock = start_engine(EngineSpec(model=model, run_dir=run_dir, port=free_port(), sleep_mode=False, worker_cls=""))
+    stock = start_engine(EngineSpec(model=model, run_dir=run_dir, port=free_port(), sleep_mode=False, worker_cls="", dev_mode=False))
     try:
         stock.wait_ready(1200)
         want = _answers(stock.spec.base_url)
@@ -63,7 +63,7 @@ def test_restored_bench_model_answers_like_a_stock_server(bench_snapshot):
     try:
         assert res.restored and res.canary_ok, lines
         assert _answers(res.base_url) == want, (m.weights.get("kept_linears"), m.weights.get("omitted"))
-        c = EngineClient(res.base_url, timeout=600)
+        c = res.client(timeout=600)
         c.sleep(level=2)
         c.wake_up(["weights"])
         r = reload_weights(c, snap, m.weights)[0]

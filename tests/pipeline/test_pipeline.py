@@ -32,6 +32,7 @@ def test_manifest_is_complete(snapshot):
     for rel, fe in m.files.items():
         assert (snap / rel).stat().st_size == fe.size and fe.xxh3
     assert m.weights.get("flat") in m.files, "the snapshot sleeps at level 2: the weights live in the flat file"
+    assert len(m.control_token) >= 32  # its dev-mode routes answer only that (coldstart.engine.gate)
     assert not [k for k in m.files if k.endswith(".gch")], "torch's precompiled header (~150 MB) is left out"
     from coldstart.pipeline.manifest import code_digest
 
@@ -94,11 +95,22 @@ def test_restore_while_another_runs(snapshot):
             assert second.engine.root_pid != first.engine.root_pid
             assert _complete(second.base_url, m) == m.canary.token_ids
             assert _complete(first.base_url, m) == m.canary.token_ids
+            # the private network's forwarder relays its clients from loopback: vLLM's dev-mode routes
+            # still answer only the snapshot's control token (the restore's own client has it)
+            for res in (first, second):
+                assert _post(res.base_url + "/sleep") == 403 and _post(res.base_url + "/collective_rpc") == 403
+                assert not res.client(timeout=60).is_sleeping()
         finally:
             second.stop()
         assert _complete(first.base_url, m) == m.canary.token_ids  # the first one survived
     finally:
         first.stop()
+
+
+def _post(url: str) -> int:
+    import requests
+
+    return requests.post(url, json={}, timeout=60).status_code
 
 
 def _fallback(snap: Path, m, **kw):
@@ -109,6 +121,7 @@ def _fallback(snap: Path, m, **kw):
         assert any(line.startswith("fallback: ") for line in lines), lines
         assert res.fallback_reason and res.canary_ok, (res.fallback_reason, lines)
         assert _complete(res.base_url, m) == m.canary.token_ids  # the cold boot serves correct output
+        assert _post(res.base_url + "/sleep") == 404  # it needs no dev-mode routes: it has none
         assert "FALLBACK" in [e.name for e in res.timeline.events]
     finally:
         res.stop()
@@ -247,7 +260,7 @@ def test_restored_greedy_output_equals_a_stock_server(snapshot, tiny_model_dir):
     snap, m = snapshot
     run_dir = Path(tempfile.mkdtemp(prefix="cs-stock-"))  # short: vLLM's IPC socket paths live in it
     stock = start_engine(EngineSpec(model=tiny_model_dir, run_dir=run_dir, port=free_port(),
-                                    sleep_mode=False, worker_cls=""))
+                                    sleep_mode=False, worker_cls="", dev_mode=False))
     try:
         stock.wait_ready(900)
         c = EngineClient(stock.spec.base_url, timeout=300)
@@ -263,7 +276,7 @@ def test_restored_greedy_output_equals_a_stock_server(snapshot, tiny_model_dir):
         assert 0 < loaded.attrs["populated_bytes"] < m.weights["bytes"], loaded.attrs
         ft = next(e for e in res.timeline.events if e.name == "FIRST_TOKEN").attrs
         assert ft["pages_mapped_bytes"] > ft["pages_written_bytes"] > 0
-        c = EngineClient(res.base_url, timeout=300)
+        c = res.client(timeout=300)
         assert [c.complete(p, max_tokens=32, seed=0).token_ids for p in PROMPTS] == want
         # settling: a restore with warming maps the weights; it asks for the settle after READY
         assert loaded.attrs.get("mode") == "map", loaded.attrs

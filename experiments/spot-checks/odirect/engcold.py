@@ -1,7 +1,6 @@
 """Cold reload in a live worker: map vs copy buffered vs copy O_DIRECT vs stock."""
 import json, sys, time, random, shutil
 from pathlib import Path
-from coldstart.engine.client import EngineClient
 from coldstart.engine.launcher import EngineSpec, start_engine
 from coldstart.pipeline.bench import _model, _free_port, _evict
 from coldstart.weights.bench import resident_fraction
@@ -10,7 +9,7 @@ spec = EngineSpec(model=model, run_dir=work / "run", port=_free_port(), sleep_mo
 eng = start_engine(spec)
 try:
     eng.wait_ready(1800)
-    c = EngineClient(spec.base_url, timeout=900)
+    c = spec.client(timeout=900)
     canary = c.complete("The capital of France is", max_tokens=8).token_ids
     flat = work / "flat"
     c.collective_rpc("coldstart_dump_weights", kwargs={"out_dir": str(flat)})

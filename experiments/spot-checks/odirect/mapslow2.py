@@ -1,7 +1,6 @@
 """After a cold map / cold copy / warm map reload: time 4 successive 8-token completions."""
 import json, sys, time, shutil
 from pathlib import Path
-from coldstart.engine.client import EngineClient
 from coldstart.engine.launcher import EngineSpec, start_engine
 from coldstart.pipeline.bench import _model, _free_port, _evict, _read
 model = _model("bench"); work = Path("/var/tmp/cs-mapslow"); shutil.rmtree(work, ignore_errors=True); work.mkdir()
@@ -9,7 +8,7 @@ spec = EngineSpec(model=model, run_dir=work / "run", port=_free_port(), sleep_mo
 eng = start_engine(spec)
 try:
     eng.wait_ready(1800)
-    c = EngineClient(spec.base_url, timeout=900)
+    c = spec.client(timeout=900)
     canary = c.complete("The capital of France is", max_tokens=8).token_ids
     flat = work / "flat"
     c.collective_rpc("coldstart_dump_weights", kwargs={"out_dir": str(flat)})

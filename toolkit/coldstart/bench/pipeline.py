@@ -202,14 +202,13 @@ def served_with_flat(model: Path, work: Path):
     """A sleep-mode server of ``model`` (run dir under ``work``), ready, with its greedy 8-token
     canary taken and its weights dumped to ``work``/flat: (engine, client, canary token ids, flat dir).
     The caller stops the engine; a failure on the way stops it here."""
-    from coldstart.engine.client import EngineClient
     from coldstart.engine.launcher import EngineSpec, start_engine
 
     spec = EngineSpec(model=model, run_dir=work / "run", port=free_port(), sleep_mode=True)
     eng = start_engine(spec)
     try:
         eng.wait_ready(1800)
-        c = EngineClient(spec.base_url, timeout=900)
+        c = spec.client(timeout=900)
         canary = c.complete("The capital of France is", max_tokens=8).token_ids
         flat_dir = work / "flat"
         c.collective_rpc("coldstart_dump_weights", kwargs={"out_dir": str(flat_dir)})

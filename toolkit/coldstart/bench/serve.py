@@ -55,7 +55,7 @@ def _start_stock(model: Path, port: int):
     from coldstart.engine.launcher import EngineSpec, start_engine
 
     spec = EngineSpec(model=model, run_dir=Path(tempfile.mkdtemp(prefix="coldstart-stock-")), port=port,
-                      sleep_mode=False, worker_cls="")
+                      sleep_mode=False, worker_cls="", dev_mode=False)
     eng = start_engine(spec, new_pidns=True)
     eng.wait_ready(1800)
     return eng, spec.base_url
@@ -80,20 +80,22 @@ def _cycle(url: str, snap: Path, mode: str | None = None) -> dict:
     from coldstart.pipeline.checkpoint import reload_weights
     from coldstart.pipeline.manifest import read_manifest
 
-    c = EngineClient(url, timeout=600)
+    m = read_manifest(snap)
+    c = EngineClient(url, timeout=600, token=m.control_token or None)
     c.sleep(level=2)
     c.wake_up(["weights"])
-    res = reload_weights(c, snap, read_manifest(snap).weights, mode=mode)
+    res = reload_weights(c, snap, m.weights, mode=mode)
     c.wake_up(["kv_cache"])
     return res[0] if res and isinstance(res[0], dict) else {}
 
 
-def _settled(url: str, timeout: float = 600.0) -> dict:
+def _settled(url: str, snap: Path, timeout: float = 600.0) -> dict:
     """Ask the worker to settle mapped weights into anonymous memory (what a restore does after its
     first token; a no-op when they are not mapped) and wait until it is done; the worker's report."""
     from coldstart.engine.client import EngineClient
+    from coldstart.pipeline.manifest import read_manifest
 
-    c = EngineClient(url, timeout=600)
+    c = EngineClient(url, timeout=600, token=read_manifest(snap).control_token or None)
     t0 = time.monotonic()
     asked = c.collective_rpc("coldstart_settle")[0]
     deadline = t0 + timeout
@@ -136,7 +138,7 @@ def run_bench(cases: list[tuple[str, Path, Path]], concurrencies: list[int], pro
                     t1 = time.monotonic()
                     cyc = _cycle(url, snap, mode=PHASE_MODE[phase])
                     info[phase] = {"cycle": cyc, "cycle_s": round(time.monotonic() - t1, 3)}
-                info.setdefault(phase, {})["settle"] = _settled(url)
+                info.setdefault(phase, {})["settle"] = _settled(url, snap)
                 say(json.dumps({"size": size, "phase": phase, "settle": info[phase]["settle"]}))
                 info[phase]["greedy"] = _greedy(url)
                 for rnd in range(rounds):

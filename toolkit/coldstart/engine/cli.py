@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 from pathlib import Path
@@ -10,6 +11,16 @@ from typing import List, Optional
 import typer
 
 URL = typer.Option("http://127.0.0.1:8000", "--url", help="the server's base URL")
+TOKEN = typer.Option(None, "--token", envvar="COLDSTART_CONTROL_TOKEN",
+                     help="the server's control token: `engine serve` writes it to RUN_DIR/control-token; a "
+                          "snapshot's manifest.json has it (control_token); without it the dev-mode routes "
+                          "answer 403")
+
+
+def _client(url: str, token: str | None):
+    from coldstart.engine.client import EngineClient
+
+    return EngineClient(url, token=token)
 
 
 def _print_answers(res) -> None:
@@ -35,7 +46,8 @@ def serve_command(
     new_pidns: bool = typer.Option(True, "--pidns/--no-pidns", help="own PID namespace (unshare --pid)"),
     timeout: float = typer.Option(900, "--timeout", help="seconds to wait for /health"),
 ) -> None:
-    """Start the server (dev mode, loopback, eager, no io_uring, own PID namespace) in the foreground.
+    """Start the server (dev mode behind a control token, loopback, eager, no io_uring, own PID namespace)
+    in the foreground.
     Extra vLLM arguments go after `--`. Ctrl-C (or SIGTERM) stops the whole tree."""
     from rich.console import Console
 
@@ -47,6 +59,10 @@ def serve_command(
                    load_format=load_format, extra_args=list(ctx.args))
     spec = (EngineSpec.for_gpu(**spec_kw) if device == "cuda" else EngineSpec(device=device, **spec_kw))
     eng = start_engine(spec, new_pidns=new_pidns)
+    token_file = spec.run_dir / "control-token"  # for the other `engine` commands (--token)
+    fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(spec.control_token or "")
 
     def _term(signum, frame):
         raise KeyboardInterrupt
@@ -55,7 +71,9 @@ def serve_command(
     try:
         with console.status(f"starting vLLM on {spec.base_url} (log: {spec.log_path})"):
             secs = eng.wait_ready(timeout)
-        console.print(f"[green]ready[/] {spec.base_url} in {secs:.1f} s; pids {eng.pids()}; Ctrl-C stops")
+        console.print(f"[green]ready[/] {spec.base_url} in {secs:.1f} s; pids {eng.pids()}; control token in "
+                      f"{token_file} (COLDSTART_CONTROL_TOKEN=$(cat {token_file}) for the other engine commands); "
+                      "Ctrl-C stops")
         while eng.alive():
             time.sleep(0.5)
         console.print(f"[red]server exited[/] (see {spec.log_path})")
@@ -66,19 +84,17 @@ def serve_command(
         eng.stop()
 
 
-def sleep_command(level: int = typer.Option(2, "--level", min=0, max=2), url: str = URL) -> None:
+def sleep_command(level: int = typer.Option(2, "--level", min=0, max=2), url: str = URL,
+    token: Optional[str] = TOKEN) -> None:
     """Put the engine to sleep (1: KV cache released; 2: weights too)."""
-    from coldstart.engine.client import EngineClient
-
-    print(json.dumps(EngineClient(url).sleep(level)))
+    print(json.dumps(_client(url, token).sleep(level)))
 
 
 def wake_command(tags: Optional[List[str]] = typer.Option(None, "--tags", help="weights and/or kv_cache "
-                                                          "[default: all]"), url: str = URL) -> None:
+                                                          "[default: all]"), url: str = URL,
+    token: Optional[str] = TOKEN) -> None:
     """Wake the engine (released pages come back zero-filled: reload the weights next)."""
-    from coldstart.engine.client import EngineClient
-
-    print(json.dumps(EngineClient(url).wake_up(tags or None)))
+    print(json.dumps(_client(url, token).wake_up(tags or None)))
 
 
 def reload_command(flat: Optional[Path] = typer.Argument(None, help="flat dump dir [default: found from "
@@ -90,51 +106,46 @@ def reload_command(flat: Optional[Path] = typer.Argument(None, help="flat dump d
                    packed: bool = typer.Option(True, "--packed/--no-packed", help="after sleep level 2, map the "
                                                "packed handles' buffers back from a packed dump beside the flat "
                                                "dump (engine dump-packed) where one matches; --no-packed packs anew"),
-                   url: str = URL) -> None:
+                   url: str = URL,
+    token: Optional[str] = TOKEN) -> None:
     """Refill the weights from a flat dump: mapped over the weight arena, or copied in place."""
-    from coldstart.engine.client import EngineClient
-
     args = [str(flat.resolve())] if flat else []
-    res = EngineClient(url).collective_rpc("coldstart_reload", args=args, kwargs={"threads": threads, "mode": mode,
+    res = _client(url, token).collective_rpc("coldstart_reload", args=args, kwargs={"threads": threads, "mode": mode,
                                                                            "packed": packed})
     _print_answers(res)
 
 
 def dump_weights_command(out: Path = typer.Argument(..., help="new directory for weights.flat + index"),
-                         url: str = URL) -> None:
+                         url: str = URL,
+    token: Optional[str] = TOKEN) -> None:
     """Dump the live model's tensors (kernel format) to the flat format."""
-    from coldstart.engine.client import EngineClient
-
-    print(json.dumps(EngineClient(url).collective_rpc("coldstart_dump_weights", args=[str(out.resolve())]),
+    print(json.dumps(_client(url, token).collective_rpc("coldstart_dump_weights", args=[str(out.resolve())]),
                      indent=1))
 
 
 def dump_packed_command(flat: Optional[Path] = typer.Argument(None, help="the flat dump the handles were packed "
                                                                      "from [default: found from the model]"),
-                        url: str = URL) -> None:
+                        url: str = URL,
+    token: Optional[str] = TOKEN) -> None:
     """Write the packed GEMM handles' buffers beside the flat dump they were packed from
     (<flat>/packed-<signature>): a reload from that dump after sleep level 2 then maps them back
     instead of packing every weight again (oneDNN handles; docs/engine.md)."""
-    from coldstart.engine.client import EngineClient
-
-    _print_answers(EngineClient(url).collective_rpc("coldstart_dump_packed",
+    _print_answers(_client(url, token).collective_rpc("coldstart_dump_packed",
                                                     kwargs={"path": str(flat.resolve()) if flat else None}))
 
 
 def complete_command(prompt: str = typer.Argument(...), max_tokens: int = typer.Option(16, "--max-tokens"),
-                     seed: int = typer.Option(0, "--seed"), url: str = URL) -> None:
+                     seed: int = typer.Option(0, "--seed"), url: str = URL,
+    token: Optional[str] = TOKEN) -> None:
     """Greedy completion; prints the text and the token ids."""
-    from coldstart.engine.client import EngineClient
-
-    c = EngineClient(url).complete(prompt, max_tokens=max_tokens, seed=seed)
+    c = _client(url, token).complete(prompt, max_tokens=max_tokens, seed=seed)
     print(json.dumps({"text": c.text, "token_ids": c.token_ids}))
 
 
-def state_command(url: str = URL) -> None:
+def state_command(url: str = URL,
+    token: Optional[str] = TOKEN) -> None:
     """Our worker's state: sleeping tags, RSS, weights and KV bytes, last sleep's figures."""
-    from coldstart.engine.client import EngineClient
-
-    print(json.dumps(EngineClient(url).collective_rpc("coldstart_state"), indent=1))
+    print(json.dumps(_client(url, token).collective_rpc("coldstart_state"), indent=1))
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:

@@ -33,13 +33,19 @@ class ScoredCompletion:
 class EngineClient:
     """Talks to one server at ``base_url`` (e.g. http://127.0.0.1:8000)."""
 
-    def __init__(self, base_url: str, timeout: float = 120.0):
+    def __init__(self, base_url: str, timeout: float = 120.0, token: str | None = None):
+        """``token``: the server's control token (coldstart.engine.gate), sent with every request:
+        the dev-mode routes and a snapshot's closed server answer only requests that carry it."""
         import requests
 
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self._s = requests.Session()
         self._s.trust_env = False  # loopback: never through an HTTP proxy from the environment
+        if token:
+            from coldstart.engine.gate import TOKEN_HEADER
+
+            self._s.headers[TOKEN_HEADER] = token
         self._model: str | None = None
 
     # --- plumbing
@@ -96,12 +102,12 @@ class EngineClient:
         return self._model
 
     def open_gate(self) -> bool:
-        """Let clients from the network in (coldstart.engine.gate; this client must be on loopback)."""
+        """Let clients without the control token in (coldstart.engine.gate; this client must carry it)."""
         from coldstart.engine.gate import OPEN_PATH
 
         return bool(self._req("POST", OPEN_PATH)["open"])
 
-    # --- dev mode (VLLM_SERVER_DEV_MODE=1)
+    # --- dev mode (VLLM_SERVER_DEV_MODE=1; the gate answers them only with the control token)
     def sleep(self, level: int = 1) -> dict:
         return self._req("POST", "/sleep", params={"level": level})
 

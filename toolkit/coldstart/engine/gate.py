@@ -1,28 +1,42 @@
-"""An ASGI middleware (vLLM's ``--middleware``) that holds a snapshot's server closed to the network
-until the restore that woke it has checked its canary.
+"""An ASGI middleware (vLLM's ``--middleware``) on every server of ours that runs vLLM's dev mode: its
+control routes answer only requests that carry the server's control token, and a snapshot's server
+stays closed to everyone else until the restore that woke it has checked its canary.
 
-Why: a server checkpointed listening on a wildcard address (in a container: the container's port) is
+Why: our servers run vLLM's dev mode (sleep, wake, collective_rpc: what checkpoint and restore drive).
+Anyone who reaches those routes could put the server to sleep or call into its workers, so they are
+never served without the token (403). Loopback is no proof of who is asking: a restore on a private
+network relays the network's clients into the server's namespace from loopback (pipeline/netns.py),
+and in a Kubernetes pod every sidecar shares the server's loopback.
+
+A server checkpointed listening on a wildcard address (in a container: the container's port) is
 restored listening there, and clients reach it directly, with no relay of ours in the data path
 (results/container-serve). It is restored asleep, its weights not yet reloaded nor checked, so until
-the restore opens the gate it answers every client that is not on loopback with 503. The restore's own checks come from
-loopback, as did the checkpoint's warm-up, and the snapshot is taken with the gate closed.
+the restore opens the gate it answers every request without the token with 503. The restore's own
+checks carry the token, as did the checkpoint's warm-up, and the snapshot is taken with the gate
+closed.
 
-Our servers run vLLM's dev mode (sleep, wake, collective_rpc: what checkpoint and restore drive).
-Those routes stay loopback-only for good (403 to the network): anyone who reaches the port could
-otherwise put the server to sleep or call into its workers.
+The token is the server's environment variable ``COLDSTART_CONTROL_TOKEN``: a snapshot's server keeps
+the one it was checkpointed with, and its manifest records it (``control_token``), so it is as secret
+as the snapshot's files, whose memory images hold it anyway. A server started without one (a
+snapshot from before the token) trusts loopback instead, as it did then.
 
 Kept free of imports beyond the standard library (coldstart.netutil is standard library only): it loads
 into vLLM's API server process.
 """
 from __future__ import annotations
 
+import hmac
 import json
+import os
 
 from coldstart.netutil import is_loopback
 
-OPEN_PATH = "/coldstart/gate/open"  # POST from loopback: clients may come in now
-STATE_PATH = "/coldstart/gate"  # GET: {"open": bool}
+OPEN_PATH = "/coldstart/gate/open"  # POST with the token: clients may come in now
+STATE_PATH = "/coldstart/gate"  # GET with the token: {"open": bool}
 IMPORT_PATH = "coldstart.engine.gate.Gate"  # what the launcher passes to vLLM's --middleware
+TOKEN_ENV = "COLDSTART_CONTROL_TOKEN"  # the server's control token (launcher.EngineSpec.control_token)
+TOKEN_HEADER = "X-Coldstart-Token"  # the request header that carries it (engine.client.EngineClient)
+CLOSED_ENV = "COLDSTART_GATE"  # "closed": the server starts held closed (a snapshot's, until its restore)
 # the routes vLLM's dev mode adds (VLLM_SERVER_DEV_MODE: its dev and RL routers; a test holds this list
 # to the installed vLLM's)
 DEV_PATHS = frozenset((
@@ -31,17 +45,24 @@ DEV_PATHS = frozenset((
     "/reset_prefix_cache", "/resume", "/server_info", "/shutdown_weight_transfer_engine", "/sleep",
     "/start_draft_weight_update", "/start_weight_update", "/update_weight_version", "/update_weights", "/wake_up",
     "/weight_checker", "/weight_info"))
-_state = {"open": False}  # module-level: outlives a rebuild of the middleware stack
-_DEV_ONLY = json.dumps({"error": {"message": "coldstart: this route is served on loopback only", "type": "Forbidden",
-                                  "code": 403}}).encode()
+# module-level: outlives a rebuild of the middleware stack
+_state = {"open": os.environ.get(CLOSED_ENV) != "closed", "token": os.environ.get(TOKEN_ENV, "").encode()}
+_HEADER = TOKEN_HEADER.lower().encode()  # ASGI header names arrive lower-cased
+_CONTROL_ONLY = json.dumps({"error": {"message": f"coldstart: this route needs the server's control token "
+                                      f"({TOKEN_HEADER})", "type": "Forbidden", "code": 403}}).encode()
 _CLOSED = json.dumps({"error": {"message": "coldstart: this server was just restored and its canary answer "
                                 "is being checked; it takes requests in a moment", "type": "ServiceUnavailable",
                                 "code": 503}}).encode()
 
 
-def _loopback(scope) -> bool:
-    client = scope.get("client")
-    return not client or is_loopback(client[0])  # no client address: a Unix socket, local
+def _trusted(scope) -> bool:
+    """The request carries the control token; on a server without one, it comes from loopback."""
+    token = _state["token"]
+    if not token:
+        client = scope.get("client")
+        return not client or is_loopback(client[0])  # no client address: a Unix socket, local
+    given = next((v for k, v in scope.get("headers") or () if k == _HEADER), b"")
+    return hmac.compare_digest(given, token)
 
 
 def _route(scope) -> str:
@@ -60,8 +81,8 @@ async def _send_json(send, status: int, body: bytes, extra: list | None = None) 
 
 
 class Gate:
-    """Passes loopback clients always, others once opened and never to dev-mode routes; serves the two
-    gate paths to loopback."""
+    """Passes requests with the control token always, others once opened and never to dev-mode
+    routes; serves the two gate paths to requests with the token."""
 
     def __init__(self, app):
         self.app = app
@@ -70,17 +91,18 @@ class Gate:
         kind = scope.get("type")
         if kind not in ("http", "websocket"):  # lifespan
             return await self.app(scope, receive, send)
-        local = _loopback(scope)
-        if kind == "http" and local and scope.get("path") in (OPEN_PATH, STATE_PATH):
+        trusted = _trusted(scope)
+        if kind == "http" and trusted and scope.get("path") in (OPEN_PATH, STATE_PATH):
             if scope["path"] == OPEN_PATH and scope.get("method") == "POST":
                 _state["open"] = True
             return await _send_json(send, 200, json.dumps({"open": _state["open"]}).encode())
-        if local:
+        if trusted:
             return await self.app(scope, receive, send)
-        if _route(scope) in DEV_PATHS:
+        route = _route(scope)
+        if route in DEV_PATHS or route in (OPEN_PATH, STATE_PATH):
             if kind == "websocket":
                 return await send({"type": "websocket.close", "code": 1008})  # policy violation
-            return await _send_json(send, 403, _DEV_ONLY)
+            return await _send_json(send, 403, _CONTROL_ONLY)
         if _state["open"]:
             return await self.app(scope, receive, send)
         if kind == "websocket":

@@ -1,10 +1,12 @@
 """Start, watch and stop a vLLM OpenAI server that CRIU can checkpoint.
 
 Why each setting (see ENVIRONMENT.md, vLLM section):
-- dev mode (``VLLM_SERVER_DEV_MODE=1``) exposes /sleep, /wake_up, /is_sleeping, /collective_rpc;
+- dev mode (``VLLM_SERVER_DEV_MODE=1``) exposes /sleep, /wake_up, /is_sleeping, /collective_rpc,
+  behind ``coldstart.engine.gate``: only requests with the server's control token reach them (a cold
+  boot, which needs none of them, runs without dev mode);
 - loopback by default (``--host 127.0.0.1``, ``VLLM_HOST_IP``), so no external socket ends up in an
-  image; a server checkpointed for a container listens on a wildcard address, held closed to all but
-  loopback by ``coldstart.engine.gate`` until its restore has checked it;
+  image; a server checkpointed for a container listens on a wildcard address, held closed by the gate
+  to requests without the token until its restore has checked it;
 - ``--enforce-eager``: the compile cache does not reload on CPU, and eager keeps the process simple;
 - the run's own directory for caches, RPC sockets and temp files: a restore needs the same paths,
   and nothing litters the system temp dir;
@@ -16,6 +18,7 @@ Why each setting (see ENVIRONMENT.md, vLLM section):
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -72,9 +75,15 @@ class EngineSpec:
     # Read-only bind mounts (source -> path) in a private mount namespace of the server's: a runtime
     # (venv) mounted lazily elsewhere, seen where its files were installed.
     binds: dict[Path, str] = field(default_factory=dict)
-    # vLLM's --middleware coldstart.engine.gate.Gate: answer 503 to clients not on loopback until a
+    # Start held closed (coldstart.engine.gate): 503 to requests without the control token until a
     # restore opens it (a checkpoint listening on a wildcard address; never a cold boot)
     gate: bool = False
+    # vLLM's dev-mode routes (sleep, wake, collective_rpc), behind the gate's control token
+    dev_mode: bool = True
+    # The token those routes and a closed gate ask for (header X-Coldstart-Token). None: a new random
+    # one for a server with dev mode or the gate; "": none (a snapshot's server from before the token,
+    # whose gate trusts loopback)
+    control_token: str | None = None
 
     def __post_init__(self) -> None:
         self.model = Path(self.model)
@@ -86,6 +95,8 @@ class EngineSpec:
         if self.in_process_worker is None:  # an executor named in the engine args is the user's choice
             named = any(a.split("=", 1)[0] == "--distributed-executor-backend" for a in self.extra_args)
             self.in_process_worker = self.device == "cpu" and self.worker_cls == SLEEP_WORKER and not named
+        if self.control_token is None:
+            self.control_token = secrets.token_urlsafe(24) if (self.dev_mode or self.gate) else ""
         if self.sleep_mode and self.device == "cpu" and self.worker_cls != SLEEP_WORKER:
             raise ColdstartError("sleep mode on CPU needs coldstart's worker "
                                  f"(--worker-cls {SLEEP_WORKER}); vLLM's CPU worker cannot sleep")
@@ -100,6 +111,12 @@ class EngineSpec:
     @property
     def base_url(self) -> str:
         return f"http://{client_host(self.host)}:{self.port}"
+
+    def client(self, timeout: float = 120.0):
+        """An EngineClient for this server, with its control token."""
+        from coldstart.engine.client import EngineClient
+
+        return EngineClient(self.base_url, timeout=timeout, token=self.control_token or None)
 
     @property
     def log_path(self) -> Path:
@@ -133,7 +150,7 @@ class EngineSpec:
             a += ["--worker-cls", self.worker_cls]
         if self.in_process_worker:
             a += ["--distributed-executor-backend", "uni"]
-        if self.gate:
+        if self.gate or self.dev_mode:
             from coldstart.engine.gate import IMPORT_PATH
 
             a += ["--middleware", IMPORT_PATH]
@@ -152,10 +169,11 @@ class EngineSpec:
         return cmd
 
     def env_overrides(self) -> dict[str, str]:
-        """Only the variables we set (recorded in the manifest; applied on top of os.environ)."""
+        """Only the variables we set (applied on top of os.environ)."""
         rd = self.engine_run_dir
+        from coldstart.engine.gate import CLOSED_ENV, TOKEN_ENV
+
         e = {
-            "VLLM_SERVER_DEV_MODE": "1",
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
             "VLLM_HOST_IP": "127.0.0.1",
@@ -171,6 +189,12 @@ class EngineSpec:
             "UV_USE_IO_URING": "0",
             "PYTHONUNBUFFERED": "1",
         }
+        if self.dev_mode:
+            e["VLLM_SERVER_DEV_MODE"] = "1"
+        if self.control_token:
+            e[TOKEN_ENV] = self.control_token
+        if self.gate:
+            e[CLOSED_ENV] = "closed"
         if self.in_process_worker:
             e["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # else vLLM-CPU turns "uni" back into "mp"
         if self.sleep_mode and self.device == "cpu" and self.worker_cls == SLEEP_WORKER:
@@ -264,9 +288,7 @@ class EngineProcess:
     def wait_ready(self, timeout: float = 300.0) -> float:
         """Block until GET /health answers 200; returns the seconds since start. Raises
         ColdstartError (with the last log line) if the server dies or the timeout passes."""
-        from coldstart.engine.client import EngineClient
-
-        client = EngineClient(self.base_url, timeout=2.0)
+        client = self.spec.client(timeout=2.0)
         deadline = time.monotonic() + timeout
         while True:
             if not self.alive():

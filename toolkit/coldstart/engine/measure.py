@@ -29,7 +29,6 @@ def measure_sleep(model: Path, reps: int, kv_mb: int) -> list[dict]:
     """Start the server (our sleep worker), dump, sleep(2), wake+reload; RSS of worker and tree."""
     import psutil
 
-    from coldstart.engine.client import EngineClient
     from coldstart.engine.launcher import EngineSpec, find_worker_pid, free_port, start_engine
 
     rows = []
@@ -40,7 +39,7 @@ def measure_sleep(model: Path, reps: int, kv_mb: int) -> list[dict]:
         rec: dict = {"rep": rep, "model": str(model), "kv_cache_bytes": kv_mb << 20, "host": platform.node()}
         try:
             rec["ready_s"] = round(eng.wait_ready(1800), 2)
-            c = EngineClient(spec.base_url, timeout=900)
+            c = spec.client(timeout=900)
             t = time.monotonic()
             ref = c.complete(PROMPT, max_tokens=16, ignore_eos=True)
             rec["first_completion_s"] = round(time.monotonic() - t, 3)

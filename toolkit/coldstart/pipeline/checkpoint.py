@@ -173,7 +173,6 @@ def _publish(staging: Path, out: Path) -> None:
 
 def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: None) -> tuple[Manifest, Timeline]:
     """Make a snapshot of ``opts.model`` in ``opts.out``; returns its manifest and timeline."""
-    from coldstart.engine.client import EngineClient
     from coldstart.engine.launcher import EngineSpec, start_engine
 
     model = Path(opts.model).resolve()
@@ -216,7 +215,7 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
         eng = start_engine(spec, new_pidns=False)
         eng.wait_ready(opts.ready_timeout)
         tl.mark(EventName.ENGINE_UP)
-        client = EngineClient(spec.base_url, timeout=300)
+        client = spec.client(timeout=300)
         canary = canary_mod.record(client, opts.canary_prompt, kind=opts.canary_kind,
                                    max_tokens=opts.canary_tokens, seed=0)
         tl.mark(EventName.CANARY_RECORDED, tokens=len(canary.token_ids), kind=canary.kind,
@@ -324,7 +323,8 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
             model=str(model), model_digest=tree_digest(model),
             served_model_name=opts.served_model_name or str(model),
             engine_args=list(opts.engine_args), host=host.to_dict(), canary=canary, files=files,
-            port=opts.port, host_addr=spec.host, gated=spec.gate, run_dir=ENGINE_RUN_DIR, criu_variant=opts.criu_variant,
+            port=opts.port, host_addr=spec.host, gated=spec.gate, control_token=spec.control_token or "",
+            run_dir=ENGINE_RUN_DIR, criu_variant=opts.criu_variant,
             device=device, asleep=sleep, pids=pids, weights=weights, shm_files=[p.name for p in shm_files],
             shm_modes=shm_modes, log_sizes=log_sizes, run_files=run_files, server_caps=server_caps,
             xcomp_perm=xcomp_perm, affinity=cpu_masks, coldstart_code=code_digest(),

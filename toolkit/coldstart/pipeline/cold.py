@@ -26,7 +26,7 @@ def cold_start(model: Path | str, *, port: int, host: str = "127.0.0.1", engine_
     tl = timeline or Timeline.from_container_start("cold", model=Path(str(model)).name)
     run_dir = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix="coldstart-cold-"))
     spec = EngineSpec(model=Path(model), run_dir=run_dir, port=port, host=host, kv_cache_bytes=kv_cache_bytes,
-                      sleep_mode=False, extra_args=list(engine_args or []), served_model_name=served_model_name,
+                      sleep_mode=False, dev_mode=False, extra_args=list(engine_args or []), served_model_name=served_model_name,
                       binds=dict(binds or {}), **({"python": python} if python else {}))
     eng = start_engine(spec, new_pidns=True)
     try:

@@ -67,7 +67,10 @@ class Manifest:
     files: dict[str, FileEntry]  # every file of the snapshot except manifest.json, by relative path
     port: int = 8000
     host_addr: str = "127.0.0.1"
-    gated: bool = False  # the server holds clients not on loopback out until opened (coldstart.engine.gate)
+    gated: bool = False  # the server holds clients without the token out until opened (coldstart.engine.gate)
+    # the server's control token (coldstart.engine.gate): its dev-mode routes and its closed gate answer
+    # only requests that carry it; "" = a server from before the token, whose gate trusts loopback
+    control_token: str = ""
     run_dir: str = ENGINE_RUN_DIR  # the engine's run dir as it saw it (a restore mounts run/ there)
     criu_variant: str = "patched"
     device: str = "cpu"  # cpu (our sleep worker) | cuda (vLLM's CuMemAllocator; unverified on GPU)

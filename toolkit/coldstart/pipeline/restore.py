@@ -118,6 +118,13 @@ class RestoreResult:
     mount: object | None = None  # registry.mount.Mount when restored from a registry reference
     runtime: Runtime | None = None  # the runtime the server runs from, when the restore provided it
 
+    def client(self, timeout: float = 120.0):
+        """An EngineClient for the server at ``base_url``, with its control token (none for a cold boot,
+        which runs without vLLM's dev mode)."""
+        from coldstart.engine.client import EngineClient
+
+        return EngineClient(self.base_url, timeout=timeout, token=self.engine.spec.control_token or None)
+
     def stop(self) -> None:
         """Stop the server (and the forwarder); reap it; remove this restore's writable state; then
         unmount a lazy mount (last: the server maps its files until it is gone)."""
@@ -846,7 +853,7 @@ def _criu_wait(popen: subprocess.Popen, snap: Path, m: Manifest, st: RestoreStat
         raise RestoreFailed("criu restored no process tree (nothing under criu in the new PID namespace)")
     spec = EngineSpec(model=Path(m.model), run_dir=st.dir / "run-upper", port=m.port, host=m.host_addr,
                       sleep_mode=m.asleep or bool(m.weights), extra_args=list(m.engine_args), device=m.device,
-                      served_model_name=m.served_model_name)
+                      served_model_name=m.served_model_name, control_token=m.control_token)
     eng = EngineProcess.attach(spec, root_pid, popen=popen, new_pidns=True)
     # CRIU does not carry CPU masks: bind vLLM's worker threads again before any forward pass
     bound, unbound_why = affinity.apply(eng.pids(), m.affinity)
@@ -879,7 +886,7 @@ def _wait_server(eng, base_url: str, opts: RestoreOptions, tl: Timeline, m: Mani
                  checks: "_Checks | None" = None):
     from coldstart.engine.client import EngineClient
 
-    client = EngineClient(base_url, timeout=opts.timeout)
+    client = EngineClient(base_url, timeout=opts.timeout, token=m.control_token or None)
     deadline = time.monotonic() + opts.timeout
     while not client.health():
         # a damaged image can hang the restored server instead of killing it: the digest check's
