@@ -16,6 +16,9 @@ environment), interleaved, the order reversed every other round:
   idle  COLDSTART_VERIFY_IOPRIO=idle: the check's readers in the idle class
   off   COLDSTART_VERIFY=off: no check at all (what the restore alone costs on a new node)
 
+Runs against commit 019b3ec, where the switch COLDSTART_VERIFY_IOPRIO existed for this script; since
+the next commit the check reads in the normal class and the variable is ignored.
+
     PYTHONPATH=toolkit .venv/bin/python experiments/first_on_node_io.py --sizes tiny,bench --reps 4 --keep-memory --out OUT.jsonl
 """
 from __future__ import annotations

@@ -653,14 +653,10 @@ class _Checks:
         self._t.start()
 
     def _run(self) -> None:
-        if os.environ.get("COLDSTART_VERIFY_IOPRIO") == "idle":  # EXPERIMENT
-            from coldstart.warm.base import background_io
-
-            self._stats["ioprio"] = "idle" if background_io("idle") else "refused"
         try:
             for files in self._groups:
                 st = integrity.verify(self.snap, files, self.mode, on_file=self.reading.append)
-                for k in ("checked", "skipped", "bytes"):
+                for k in self._stats:
                     self._stats[k] += st.get(k, 0)
         except BaseException as e:  # noqa: BLE001 - reported by join()
             self._error = e
