@@ -59,6 +59,34 @@ def test_restore_twice_equals_canary(snapshot):
             res.stop()
 
 
+def test_the_snapshot_ships_its_access_profile(snapshot, tmp_path, monkeypatch):
+    """The checkpoint restores the snapshot once more, its files evicted from the page cache, and ships
+    the access profile that restore recorded (profile.json, digests in the manifest), without the
+    checkpoint process's own files. A node that has never restored it follows that profile at once,
+    the runtime's libraries included, and records its own for its next restores."""
+    from coldstart.warm.profile import load_profile
+    from coldstart.warm.residency import evict_all
+    from coldstart.warm.snapshot import node_profile
+
+    snap, m = snapshot
+    assert "profile.json" in m.files
+    prof = load_profile(snap / "profile.json")
+    assert prof.meta.get("recorded_by") == "checkpoint" and prof.snapshot_id
+    assert any(r.file.startswith("criu/pages-") for r in prof.ranges) and prof.mapped_files()
+    assert not [r for r in prof.ranges if r.source == "process"]
+    monkeypatch.setenv("COLDSTART_STATE_DIR", str(tmp_path / "state"))  # a node that never restored it
+    assert not node_profile(snap).exists()
+    evict_all([snap])
+    res = restore(RestoreOptions(snapshot=snap, fallback=False, net="auto"), say=print)
+    try:
+        assert res.restored and res.canary_ok
+        ws = res.timeline.get("WARM_START").attrs
+        assert ws["profile"] and ws["mapped_files"] >= 1, ws
+    finally:
+        res.stop()
+    assert load_profile(node_profile(snap)).ranges  # the node's own, followed from now on
+
+
 def test_reload_mode_follows_the_warm_stage(snapshot):
     """auto reload after a restore, warming off (weights file cold) and on: the packed handles kept
     through the checkpoint serve the linear layers, so the file is mapped either way, only its

@@ -72,6 +72,9 @@ class CheckpointOptions:
     # keeps their digests; weights.format.omit_tensors), so the snapshot holds those once, packed.
     # The restored server keeps its handles through every sleep(2) and rebuilds them for a dump.
     slim_weights: bool = True
+    # CPU: one more restore, the snapshot's files evicted, records its access profile, shipped in it as
+    # profile.json (pipeline/layout.record_profile): a node's first restore warms in first-access order
+    profile: bool = True
 
 
 # Packing the linear layers after a reload costs a restore at least this much: then (by default) the
@@ -346,6 +349,17 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
             else:
                 m.files = files
                 tl.mark(EventName.HOT_LAYOUT, **m.layout)
+        if opts.profile and device == "cpu":
+            from coldstart.pipeline.layout import RecordingFailed, record_profile
+
+            write_manifest(staging, m)  # the restore reads the snapshot as it is now (its layout)
+            say("access profile: one more restore, the snapshot's files evicted from the page cache")
+            try:
+                files = {**files, "profile.json": record_profile(staging, say=say)}
+            except RecordingFailed as e:  # an optimisation: each node then records its own
+                say(f"access profile skipped: {e}")
+            else:
+                m.files = files
         tl.mark(EventName.PUBLISHED, bytes=sum(f.size for f in files.values()))
         m.timings = {e.name: e.t for e in tl.events}
         m.timings["kv_cache_bytes"] = opts.kv_cache_bytes

@@ -52,6 +52,11 @@ def checkpoint_cmd(
                                       "holds them once (bench model: ~1 GiB less on disk and in a registry). The "
                                       "restored server then keeps its handles through every sleep(2), and a dump "
                                       "of its weights rebuilds them exactly from the handles."),
+    profile: bool = typer.Option(True, "--profile/--no-profile",
+                                 help="CPU: restore the snapshot once more, its files evicted from the page cache, "
+                                 "and ship the access profile it records (profile.json): a node's first restore "
+                                 "then warms in first-access order instead of reading the files whole (bench model: "
+                                 "0.46 s sooner; a few seconds more at checkpoint)."),
     timeline_out: Optional[Path] = typer.Option(None, help="Append the timing events (jsonl) here."),
 ) -> None:
     """Snapshot a warmed-up vLLM server of MODEL; extra args after `--` go to vLLM."""
@@ -64,7 +69,7 @@ def checkpoint_cmd(
                              kv_cache_bytes=kv_cache_bytes, criu_variant=criu_variant,
                              sleep=False if no_sleep else None, canary_kind=canary_kind, reload_mode=reload_mode,
                              server_caps=server_caps, layout=layout, keep_packed=keep_packed,
-                             slim_weights=slim_weights)
+                             slim_weights=slim_weights, profile=profile)
     m, tl = checkpoint(opts, say=_say)
     Console(stderr=True).print(tl.table())
     if timeline_out:
@@ -90,6 +95,7 @@ def inspect_cmd(snapshot: Path = typer.Argument(...), verify: bool = typer.Optio
                       "bytes": sum(f.size for f in m.files.values()), "canary": m.canary.text,
                       "layout": {"hot": {k: v for k, v in m.layout.items() if k != "early"}} if m.layout else "dumped",
                       "listens": f"{m.host_addr}:{m.port}" + (" (gated until the canary)" if m.gated else ""),
+                      "profile": "shipped" if "profile.json" in m.files else "none (each node records its own)",
                       "fits_this_host": not problems, "problems": problems}, indent=1))
     if problems:
         raise typer.Exit(1)

@@ -66,8 +66,8 @@ class RestoreOptions:
     # page-cache warming (warm stage): None/"auto" = the entrypoint's COLDSTART_WARM_* env or defaults
     warm_mode: str | None = None  # native | vmtouch | none
     warm_method: str | None = None  # native: sendfile | pread | populate | willneed
-    warm_profile: str = "auto"  # auto (DIR/profile.json if recorded) | off | PATH
-    warm_record: str = "auto"  # auto (when there is no profile) | off | force; saved at first token
+    warm_profile: str = "auto"  # auto (this node's profile, else DIR/profile.json) | off | PATH
+    warm_record: str = "auto"  # auto (while this node has none) | off | force; saved at first token
     warm_rest: str = "after"  # with a profile, the ranges it does not name: after (first token) | now | never
     # a registry reference instead of a directory: mounted lazily (coldstart.registry.mount) at
     # ``snapshot``, then restored from the mount; the mount lives until ``RestoreResult.stop``

@@ -1,18 +1,21 @@
 """Warming a snapshot directory at restore: follow its profile, or record one.
 
 ``start_warming`` finds the snapshot a set of paths belongs to (the nearest ancestor holding
-``manifest.json``). With a ``profile.json`` shipped in it, or one this node recorded for it (in the
-node's state dir, coldstart.state: a snapshot is never written after publish), the warm follows it.
-Without one, a ``ProfileRecorder`` runs next to the warmer and, when the restore reports success by
-calling ``wait()``, the recorded order is saved (atomically) in the node's profile store.
+``manifest.json``). With a profile this node recorded for it (in the node's state dir,
+coldstart.state: a snapshot is never written after publish), else the ``profile.json`` shipped in it
+(recorded by the checkpoint, or published with it to a registry), the warm follows it. While this node
+has none of its own, a ``ProfileRecorder`` runs next to the warmer and, when the restore reports
+success by calling ``wait()``, the recorded order is saved (atomically) in the node's profile store:
+a node's first restore follows the shipped profile, and the next ones the node's own, which also
+names the container entrypoint's own files (warmed by the host for the next replica).
 A failed restore calls ``cancel()``: nothing is saved, a failed run's access order is no guide.
 Without either call, recording ends and saves after RECORD_MAX_S.
 
 Environment knobs, for the container entrypoint (one process, no flags to thread through):
   COLDSTART_WARM_MODE    native (default) | vmtouch | none
   COLDSTART_WARM_METHOD  sendfile (default) | pread | populate | willneed   (native mode)
-  COLDSTART_WARM_PROFILE auto (default: DIR/profile.json, else this node's) | off | PATH
-  COLDSTART_WARM_RECORD  auto (default: when no profile) | off | force
+  COLDSTART_WARM_PROFILE auto (default: this node's, else DIR/profile.json) | off | PATH
+  COLDSTART_WARM_RECORD  auto (default: while this node has none) | off | force
 """
 from __future__ import annotations
 
@@ -53,10 +56,10 @@ def resolve_profile(root: Path | None) -> Path | None:
         return None
     if pol not in ("auto", ""):
         return Path(pol)
-    if root is not None and (root / PROFILE_NAME).is_file():
-        return root / PROFILE_NAME
     node = node_profile(root) if root is not None else None
-    return node if node is not None and node.is_file() else None
+    if node is not None and node.is_file():
+        return node
+    return root / PROFILE_NAME if root is not None and (root / PROFILE_NAME).is_file() else None
 
 
 def node_profile(root: Path) -> Path | None:
@@ -72,9 +75,10 @@ def node_profile(root: Path) -> Path | None:
 
 def should_record(root: Path | None, profile: Path | None) -> bool:
     pol = os.environ.get("COLDSTART_WARM_RECORD", "auto")
-    if pol == "off" or root is None or node_profile(root) is None:
+    node = node_profile(root) if root is not None else None
+    if pol == "off" or node is None:
         return False
-    return pol == "force" or profile is None
+    return pol == "force" or profile is None or not node.is_file()
 
 
 class RecordingWarmer:
