@@ -1,3 +1,13 @@
+"""A node's first restore of a snapshot with and without the node's recorded access profile, with and
+without the digest check (results/spot-checks/first-on-node-io, profile.jsonl).
+
+Each start as `bench container`'s first-on-node start (the node forgets the snapshot, page cache
+dropped, one restore container without host warming), except that the ``prof-`` variants put the
+node's recorded profile back first; ``-off``: COLDSTART_VERIFY=off. The first run records the profile
+if the node has none. The VM's free page reporting off for the run.
+
+    PYTHONPATH=toolkit .venv/bin/python experiments/first_on_node_profile.py SIZE REPS OUT.jsonl
+"""
 import json, sys
 from pathlib import Path
 from coldstart.bench.containers import bench_case, new_to_node, one_start
