@@ -12,9 +12,6 @@ import json, sys
 from pathlib import Path
 from coldstart.bench.containers import bench_case, new_to_node, one_start
 from coldstart.bench.host import kept_if
-from coldstart.pipeline.integrity import NodeRecord
-from coldstart.pipeline.manifest import read_manifest
-from coldstart.warm.residency import drop_caches
 from coldstart.warm.snapshot import node_profile
 size, reps, out = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
 V = {"noprof-check": (False, {}), "prof-check": (True, {}), "noprof-off": (False, {"COLDSTART_VERIFY": "off"}),
