@@ -15,6 +15,7 @@ instead of reading the files whole (results/spot-checks/first-on-node-io: bench 
 """
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Callable
@@ -100,15 +101,18 @@ def record_profile(snap: Path, say: Callable[[str], None] = lambda s: None, time
     node.unlink(missing_ok=True)
     evict_all([snap])  # a cached range would be recorded at no time or not at all
     try:
-        res = restore(RestoreOptions(snapshot=snap, verify="off", fallback=False, warm_record="force",
-                                     settle=False, timeout=timeout), say=lambda s: None)
-    except ColdstartError as e:
-        raise RecordingFailed(f"the profile's restore failed: {e}") from None
-    try:
-        if not res.restored:
-            raise RecordingFailed(f"the profile's restore failed: {res.fallback_reason}")
+        try:
+            res = restore(RestoreOptions(snapshot=snap, verify="off", fallback=False, warm_record="force",
+                                         settle=False, timeout=timeout), say=lambda s: None)
+        except ColdstartError as e:
+            raise RecordingFailed(f"the profile's restore failed: {e}") from None
+        try:
+            if not res.restored:
+                raise RecordingFailed(f"the profile's restore failed: {res.fallback_reason}")
+        finally:
+            res.stop()
     finally:
-        res.stop()
+        _cache_again(snap)
     try:
         prof = load_profile(node)
     except (ColdstartError, OSError) as e:
@@ -125,3 +129,23 @@ def record_profile(snap: Path, say: Callable[[str], None] = lambda s: None, time
     say(f"access profile: {len(prof.ranges)} ranges, {prof.bytes / 2**20:.0f} MiB in first-access order "
         f"({len(prof.mapped_files())} of the runtime's files), shipped as {PROFILE_NAME}")
     return file_entry(snap / PROFILE_NAME)
+
+
+def _cache_again(snap: Path) -> None:
+    """Queue reads of every file of ``snap`` back into the page cache, where the checkpoint, which
+    had just written them, found them: a restore on this host right after a checkpoint runs as it
+    did before the profile's restore evicted them."""
+    from coldstart.fsutil import will_need
+    from coldstart.warm.residency import expand_paths
+
+    for p in expand_paths([snap]):
+        try:
+            fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            will_need(fd, 0, os.fstat(fd).st_size)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
