@@ -73,29 +73,22 @@ def _restore(snap: Path, extra: list[str] | None = None) -> tuple[int, str, dict
     return int(s["pid"]), s["url"], s["events"]
 
 
-def _cycle(url: str, snap: Path, mode: str | None = None) -> dict:
+def _cycle(c, snap: Path, weights: dict, mode: str | None = None) -> dict:
     """One more sleep(2) → wake → reload (``mode``: map | copy, default the worker's) on a live
-    restored server; the reload's result."""
-    from coldstart.engine.client import EngineClient
+    restored server (``c``: its client, with the snapshot's control token); the reload's result."""
     from coldstart.pipeline.checkpoint import reload_weights
-    from coldstart.pipeline.manifest import read_manifest
 
-    m = read_manifest(snap)
-    c = EngineClient(url, timeout=600, token=m.control_token or None)
     c.sleep(level=2)
     c.wake_up(["weights"])
-    res = reload_weights(c, snap, m.weights, mode=mode)
+    res = reload_weights(c, snap, weights, mode=mode)
     c.wake_up(["kv_cache"])
     return res[0] if res and isinstance(res[0], dict) else {}
 
 
-def _settled(url: str, snap: Path, timeout: float = 600.0) -> dict:
+def _settled(c, timeout: float = 600.0) -> dict:
     """Ask the worker to settle mapped weights into anonymous memory (what a restore does after its
-    first token; a no-op when they are not mapped) and wait until it is done; the worker's report."""
-    from coldstart.engine.client import EngineClient
-    from coldstart.pipeline.manifest import read_manifest
-
-    c = EngineClient(url, timeout=600, token=read_manifest(snap).control_token or None)
+    first token; a no-op when they are not mapped) and wait until it is done; the worker's report
+    (``c``: the restored server's client, with the snapshot's control token)."""
     t0 = time.monotonic()
     asked = c.collective_rpc("coldstart_settle")[0]
     deadline = t0 + timeout
@@ -115,6 +108,7 @@ def run_bench(cases: list[tuple[str, Path, Path]], concurrencies: list[int], pro
     rounds measure stock and restored back to back in alternating order, every concurrency on each:
     every restored figure has a stock figure taken minutes from it, and the ratios are paired.
     ``phases``: a subset of the three, run in their fixed order (each cycle starts from the last)."""
+    from coldstart.engine.client import EngineClient
     from coldstart.engine.launcher import free_port
     from coldstart.bench.pipeline import kill_restored
     from coldstart.pipeline.manifest import read_manifest
@@ -129,16 +123,18 @@ def run_bench(cases: list[tuple[str, Path, Path]], concurrencies: list[int], pro
             stock_up = round(time.monotonic() - t0, 2)
             t0 = time.monotonic()
             pid, url, events = _restore(snap)
+            m = read_manifest(snap)
+            restored = EngineClient(url, timeout=600, token=m.control_token or None)
             info = {"stock": {"up_s": stock_up, "greedy": _greedy(stock_url)},
                     "restored": {"up_s": round(time.monotonic() - t0, 2), "restore_events": events,
-                                 "kept_linears": read_manifest(snap).weights.get("kept_linears", 0)}}
+                                 "kept_linears": m.weights.get("kept_linears", 0)}}
             say(json.dumps({"size": size, "stock_up_s": stock_up, "restored_up_s": info["restored"]["up_s"]}))
             for phase in [p for p in SERVERS[1:] if p in phases]:
                 if phase != "restored":
                     t1 = time.monotonic()
-                    cyc = _cycle(url, snap, mode=PHASE_MODE[phase])
+                    cyc = _cycle(restored, snap, m.weights, mode=PHASE_MODE[phase])
                     info[phase] = {"cycle": cyc, "cycle_s": round(time.monotonic() - t1, 3)}
-                info.setdefault(phase, {})["settle"] = _settled(url, snap)
+                info.setdefault(phase, {})["settle"] = _settled(restored)
                 say(json.dumps({"size": size, "phase": phase, "settle": info[phase]["settle"]}))
                 info[phase]["greedy"] = _greedy(url)
                 for rnd in range(rounds):

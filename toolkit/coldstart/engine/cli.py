@@ -85,14 +85,14 @@ def serve_command(
 
 
 def sleep_command(level: int = typer.Option(2, "--level", min=0, max=2), url: str = URL,
-    token: Optional[str] = TOKEN) -> None:
+                  token: Optional[str] = TOKEN) -> None:
     """Put the engine to sleep (1: KV cache released; 2: weights too)."""
     print(json.dumps(_client(url, token).sleep(level)))
 
 
 def wake_command(tags: Optional[List[str]] = typer.Option(None, "--tags", help="weights and/or kv_cache "
                                                           "[default: all]"), url: str = URL,
-    token: Optional[str] = TOKEN) -> None:
+                 token: Optional[str] = TOKEN) -> None:
     """Wake the engine (released pages come back zero-filled: reload the weights next)."""
     print(json.dumps(_client(url, token).wake_up(tags or None)))
 
@@ -106,8 +106,7 @@ def reload_command(flat: Optional[Path] = typer.Argument(None, help="flat dump d
                    packed: bool = typer.Option(True, "--packed/--no-packed", help="after sleep level 2, map the "
                                                "packed handles' buffers back from a packed dump beside the flat "
                                                "dump (engine dump-packed) where one matches; --no-packed packs anew"),
-                   url: str = URL,
-    token: Optional[str] = TOKEN) -> None:
+                   url: str = URL, token: Optional[str] = TOKEN) -> None:
     """Refill the weights from a flat dump: mapped over the weight arena, or copied in place."""
     args = [str(flat.resolve())] if flat else []
     res = _client(url, token).collective_rpc("coldstart_reload", args=args, kwargs={"threads": threads, "mode": mode,
@@ -116,8 +115,7 @@ def reload_command(flat: Optional[Path] = typer.Argument(None, help="flat dump d
 
 
 def dump_weights_command(out: Path = typer.Argument(..., help="new directory for weights.flat + index"),
-                         url: str = URL,
-    token: Optional[str] = TOKEN) -> None:
+                         url: str = URL, token: Optional[str] = TOKEN) -> None:
     """Dump the live model's tensors (kernel format) to the flat format."""
     print(json.dumps(_client(url, token).collective_rpc("coldstart_dump_weights", args=[str(out.resolve())]),
                      indent=1))
@@ -125,8 +123,7 @@ def dump_weights_command(out: Path = typer.Argument(..., help="new directory for
 
 def dump_packed_command(flat: Optional[Path] = typer.Argument(None, help="the flat dump the handles were packed "
                                                                      "from [default: found from the model]"),
-                        url: str = URL,
-    token: Optional[str] = TOKEN) -> None:
+                        url: str = URL, token: Optional[str] = TOKEN) -> None:
     """Write the packed GEMM handles' buffers beside the flat dump they were packed from
     (<flat>/packed-<signature>): a reload from that dump after sleep level 2 then maps them back
     instead of packing every weight again (oneDNN handles; docs/engine.md)."""
@@ -135,15 +132,13 @@ def dump_packed_command(flat: Optional[Path] = typer.Argument(None, help="the fl
 
 
 def complete_command(prompt: str = typer.Argument(...), max_tokens: int = typer.Option(16, "--max-tokens"),
-                     seed: int = typer.Option(0, "--seed"), url: str = URL,
-    token: Optional[str] = TOKEN) -> None:
+                     seed: int = typer.Option(0, "--seed"), url: str = URL, token: Optional[str] = TOKEN) -> None:
     """Greedy completion; prints the text and the token ids."""
     c = _client(url, token).complete(prompt, max_tokens=max_tokens, seed=seed)
     print(json.dumps({"text": c.text, "token_ids": c.token_ids}))
 
 
-def state_command(url: str = URL,
-    token: Optional[str] = TOKEN) -> None:
+def state_command(url: str = URL, token: Optional[str] = TOKEN) -> None:
     """Our worker's state: sleeping tags, RSS, weights and KV bytes, last sleep's figures."""
     print(json.dumps(_client(url, token).collective_rpc("coldstart_state"), indent=1))
 

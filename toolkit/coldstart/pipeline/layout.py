@@ -15,7 +15,6 @@ instead of reading the files whole (results/spot-checks/first-on-node-io: bench 
 """
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Callable
@@ -23,7 +22,7 @@ from typing import Callable
 from coldstart.criu import layout
 from coldstart.errors import ColdstartError
 from coldstart.pipeline.manifest import FileEntry, file_entry
-from coldstart.warm.residency import evict, evict_all, residency_vector
+from coldstart.warm.residency import evict, evict_all, residency_vector, will_need_all
 
 
 class RecordingFailed(ColdstartError):
@@ -112,7 +111,9 @@ def record_profile(snap: Path, say: Callable[[str], None] = lambda s: None, time
         finally:
             res.stop()
     finally:
-        _cache_again(snap)
+        # back where the checkpoint, which had just written them, found them: a restore on this host
+        # right after a checkpoint runs as it did before this restore evicted them
+        will_need_all([snap])
     try:
         prof = load_profile(node)
     except (ColdstartError, OSError) as e:
@@ -121,7 +122,8 @@ def record_profile(snap: Path, say: Callable[[str], None] = lambda s: None, time
         node.unlink(missing_ok=True)
     # this process's own files (source "process") are a checkpoint's, not a restore entrypoint's
     prof.ranges = [r for r in prof.ranges if r.source != "process"]
-    prof.files = {f: n for f, n in prof.files.items() if f in {r.file for r in prof.ranges}}
+    named = {r.file for r in prof.ranges}
+    prof.files = {f: n for f, n in prof.files.items() if f in named}
     prof.meta["recorded_by"] = "checkpoint"
     if not prof.ranges:
         raise RecordingFailed("the restore recorded no profile (nothing read from the disk)")
@@ -130,22 +132,3 @@ def record_profile(snap: Path, say: Callable[[str], None] = lambda s: None, time
         f"({len(prof.mapped_files())} of the runtime's files), shipped as {PROFILE_NAME}")
     return file_entry(snap / PROFILE_NAME)
 
-
-def _cache_again(snap: Path) -> None:
-    """Queue reads of every file of ``snap`` back into the page cache, where the checkpoint, which
-    had just written them, found them: a restore on this host right after a checkpoint runs as it
-    did before the profile's restore evicted them."""
-    from coldstart.fsutil import will_need
-    from coldstart.warm.residency import expand_paths
-
-    for p in expand_paths([snap]):
-        try:
-            fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            continue
-        try:
-            will_need(fd, 0, os.fstat(fd).st_size)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)

@@ -221,6 +221,24 @@ def evict_all(paths: list[Path] | list[str]) -> None:
         evict(f)
 
 
+def will_need_all(paths: list[Path] | list[str]) -> None:
+    """Queue reads of each file named and each regular file under each directory named into the page
+    cache (fsutil.will_need; returns once queued). Unreadable files are skipped: a hint, not a read."""
+    from coldstart.fsutil import will_need
+
+    for f in expand_paths(paths):
+        try:
+            fd = os.open(f, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            will_need(fd, 0, os.fstat(fd).st_size)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
 def drop_caches() -> None:
     """sync, then drop the clean page cache, dentries and inodes: the state of every cold case (root
     only). On a VM with free page reporting the memory this frees goes back to the hypervisor
