@@ -123,10 +123,11 @@ def run_bench(cases: list[tuple[str, Path, Path]], concurrencies: list[int], pro
             stock_up = round(time.monotonic() - t0, 2)
             t0 = time.monotonic()
             pid, url, events = _restore(snap)
+            restored_up = round(time.monotonic() - t0, 2)
             m = read_manifest(snap)
             restored = EngineClient(url, timeout=600, token=m.control_token or None)
             info = {"stock": {"up_s": stock_up, "greedy": _greedy(stock_url)},
-                    "restored": {"up_s": round(time.monotonic() - t0, 2), "restore_events": events,
+                    "restored": {"up_s": restored_up, "restore_events": events,
                                  "kept_linears": m.weights.get("kept_linears", 0)}}
             say(json.dumps({"size": size, "stock_up_s": stock_up, "restored_up_s": info["restored"]["up_s"]}))
             for phase in [p for p in SERVERS[1:] if p in phases]:
