@@ -61,3 +61,18 @@ def test_the_floor_is_the_warm_reload_or_the_disk_and_the_serial_map_times_its_r
     text = " ".join(_reload_bound(rows, {0: 2.0}))
     assert "at best 0.800 s, 0.62× the device" in text and "1.25× that floor" in text
     assert "The read alone" in text and "median 1.00×" in text
+
+
+def test_the_table_says_how_the_device_was_probed_to_read_cold_copies() -> None:
+    from coldstart.bench.pipeline import reload_table
+
+    gib = 1 << 30
+    step = {"bench": "reload", "cache": "cold", "rep": 0, "bytes": gib, "seconds": 1.0, "wall_seconds": 1.0,
+            "canary_s": 0.5, "canary_ok": True, "resident_before": 0.0, "detail": {"mode": "copy"}}
+    shape = {"bench": "reload", "method": "read-shape", "cache": "cold", "rep": -1, "seconds": 0.0, "bytes": 0,
+             "detail": {"device": "252:0 (vda)", "direct_gib_s": [0.81, 0.9], "buffered_gib_s": [1.7, 1.5],
+                        "direct": False, "span_bytes": 128 << 20}}
+    text = "\n".join(reload_table([{**step, "method": "stock"}, {**step, "method": "auto"}, shape],
+                                  "bench", ("stock", "auto")))
+    assert ("device 252:0 (vda) probed before the first round" in text and "first 128 MiB" in text
+            and "O_DIRECT 0.81, 0.90 GiB/s, buffered 1.70, 1.50 GiB/s -> buffered" in text), text

@@ -132,11 +132,13 @@ def _page_aligned(src) -> dict[str, torch.Tensor]:
     return out
 
 
-def test_auto_o_direct_follows_the_page_cache(tmp_path, src):
-    """direct=None: a cold data file is read with O_DIRECT into page-aligned destinations, through the
-    page cache into unaligned ones (a bounce buffer lost to it on both hosts); a cached file through
-    the page cache."""
+def test_auto_o_direct_follows_the_page_cache(tmp_path, src, monkeypatch):
+    """direct=None: a cold data file is read with O_DIRECT into page-aligned destinations (its device
+    not probed), through the page cache into unaligned ones (a bounce buffer lost to it on both
+    hosts); a cached file through the page cache."""
     from coldstart.warm.residency import evict
+
+    monkeypatch.setenv("COLDSTART_NODE_DIR", str(tmp_path / "node"))  # no probe record of the device
 
     out = tmp_path / "auto"
     dump_tensors(src.items(), out, chunk_bytes=DIGEST_CHUNK)
@@ -161,6 +163,77 @@ def test_auto_o_direct_follows_the_page_cache(tmp_path, src):
     assert all(_raw(dest[k]) == _raw(v) for k, v in src.items())
     forced = load_into(out, _fresh(src), chunk_bytes=64 * KIB, direct=False)
     assert not forced.o_direct and forced.direct_choice == ""
+
+
+def test_a_cold_load_reads_the_way_its_device_was_probed_faster(tmp_path, src, monkeypatch):
+    """The probe loads the dump's head cold both ways and records the device's rates in the node dir;
+    a cold load into page-aligned memory then reads the way the record says (buffered where the page
+    cache read faster), and says why; a record from another boot counts for nothing."""
+    import dataclasses
+
+    from coldstart.warm.residency import evict
+    from coldstart.weights import readshape
+
+    monkeypatch.setenv("COLDSTART_NODE_DIR", str(tmp_path / "node"))
+    out = tmp_path / "dump"
+    dump_tensors(src.items(), out, chunk_bytes=DIGEST_CHUNK)
+    data = out / DATA_NAME
+    assert readshape.cached(data) is None
+    rec = readshape.probe_and_save(out, span=256 * KIB, rounds=2)
+    assert len(rec.direct_gib_s) == len(rec.buffered_gib_s) == 2 and min(rec.direct_gib_s + rec.buffered_gib_s) > 0
+    assert rec.probed_file == str(data) and rec.span_bytes <= 256 * KIB + 4 * KIB
+    assert readshape.cached(data) == rec and readshape.record_path(data).parent == tmp_path / "node" / "read-shape"
+    for direct in (False, True):
+        readshape.save(dataclasses.replace(rec, direct=direct, direct_gib_s=(1.0,) if direct else (0.5,),
+                                           buffered_gib_s=(0.5,) if direct else (1.0,)), data)
+        evict(data)
+        dest = _page_aligned(src)
+        st = load_into(out, dest, chunk_bytes=64 * KIB, verify=True)
+        want = "O_DIRECT" if direct else "buffered"
+        assert st.o_direct == direct and st.direct_choice.endswith(f"probed: O_DIRECT {1.0 if direct else 0.5:.2f}, "
+                                                                    f"buffered {0.5 if direct else 1.0:.2f} GiB/s -> {want}"), st.direct_choice
+        assert all(_raw(dest[k]) == _raw(v) for k, v in src.items())
+    readshape.save(dataclasses.replace(rec, boot_id="another-boot", direct=False), data)
+    assert readshape.cached(data) is None
+
+
+def test_a_big_cold_load_probes_an_unprobed_device_first(tmp_path, src, monkeypatch):
+    """With no record, a cold load of a file past AUTO_PROBE_MIN probes the device before it reads,
+    records it, and says so; COLDSTART_READ_PROBE=0 keeps the unprobed rule (O_DIRECT)."""
+    from coldstart.warm.residency import evict
+    from coldstart.weights import readshape
+
+    monkeypatch.setenv("COLDSTART_NODE_DIR", str(tmp_path / "node"))
+    monkeypatch.setattr(readshape, "AUTO_PROBE_MIN", 1)
+    monkeypatch.setattr(readshape, "SPAN_BYTES", 256 * KIB)
+    out = tmp_path / "dump"
+    dump_tensors(src.items(), out, chunk_bytes=DIGEST_CHUNK)
+    evict(out / DATA_NAME)
+    monkeypatch.setenv("COLDSTART_READ_PROBE", "0")
+    st = load_into(out, _page_aligned(src), chunk_bytes=64 * KIB)
+    assert st.o_direct and st.direct_choice == "auto: 0% cached -> O_DIRECT" and readshape.cached(out / DATA_NAME) is None
+    monkeypatch.delenv("COLDSTART_READ_PROBE")
+    evict(out / DATA_NAME)
+    dest = _page_aligned(src)
+    st = load_into(out, dest, chunk_bytes=64 * KIB, verify=True)
+    rec = readshape.cached(out / DATA_NAME)
+    assert rec is not None and st.o_direct == rec.direct and "(probed now)" in st.direct_choice, st.direct_choice
+    assert all(_raw(dest[k]) == _raw(v) for k, v in src.items())
+
+
+def test_probe_command_records_the_device(tmp_path, src):
+    """`coldstart weights probe DUMP` prints both rates and the choice and writes the record."""
+    out = tmp_path / "dump"
+    dump_tensors(src.items(), out, chunk_bytes=DIGEST_CHUNK)
+    env = {**os.environ, "COLDSTART_NODE_DIR": str(tmp_path / "node")}
+    r = subprocess.run([str(Path(sys.executable).with_name("coldstart")), "weights", "probe", str(out),
+                        "--span-mb", "1", "--rounds", "1"], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "probed: O_DIRECT" in r.stdout and "recorded in" in r.stdout, r.stdout
+    assert len(list((tmp_path / "node" / "read-shape").glob("*.json"))) == 1
+    r = subprocess.run([str(Path(sys.executable).with_name("coldstart")), "weights", "probe", str(tmp_path / "missing")],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
 def test_small_alignment_falls_back_to_buffered(tmp_path, src):

@@ -6,6 +6,7 @@ nothing here claims anything about a GPU.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -21,6 +22,7 @@ from coldstart.bench.warm import host_cpu_busy_s
 from coldstart.engine.launcher import free_port
 from coldstart.pipeline.events import PHASES, EventName
 from coldstart.warm.residency import evict_all
+from coldstart.weights import readshape
 
 
 def _model(size: str) -> Path:
@@ -119,6 +121,14 @@ def reload_table(rows: list[dict], size: str, methods: tuple[str, ...] = METHODS
             lines.append(f"| {cache} | {name} | {sec:.3f} | {st / sec:.2f}× | {read:.3f} | {gib:.2f} | {pack} | "
                          f"{can:.3f} | {both:.3f} | "
                          f"{st2 / both:.2f}× | {len(sel[m])} | {all(r['canary_ok'] for r in sel[m])} | {chose} |")
+    shapes = [r["detail"] for r in rows if r["method"] == "read-shape"]
+    if shapes:
+        sh = shapes[0]
+        lines += ["", f"Cold reads of a copy: device {sh['device']} probed before the first round (weights.readshape: "
+                      f"the loader's own cold loads of the flat file's first {sh['span_bytes'] / 2**20:.0f} MiB, "
+                      f"alternately): O_DIRECT {', '.join(f'{v:.2f}' for v in sh['direct_gib_s'])} GiB/s, buffered "
+                      f"{', '.join(f'{v:.2f}' for v in sh['buffered_gib_s'])} GiB/s -> "
+                      f"{'O_DIRECT' if sh['direct'] else 'buffered'} for the cold copies below."]
     probes: dict[int, dict[str, float]] = {}  # round -> when -> the faster fio shape then
     for r in rows:
         if r["method"] == "device" and r["seconds"] > 0:
@@ -137,8 +147,10 @@ def reload_table(rows: list[dict], size: str, methods: tuple[str, ...] = METHODS
         need = 3 * cold_stock[0]["bytes"] / 2**30 / statistics.median([r["seconds"] for r in cold_stock])
         when = ("before each round on the flat file and right after the default's cold reload on the model's "
                 "safetensors, the mean of the two" if around else "once per round")
+        fios = sorted({r["detail"]["fio"] for r in rows if r["method"] == "device" and "fio" in r.get("detail", {})})
+        shapes = " and ".join(fios) if fios else "4 jobs x 16 MiB buffered and 4 jobs x 1 MiB O_DIRECT reads"
         lines += ["", f"Device limit, same run (fio, page cache dropped, {when}: the faster "
-                      f"of 4 jobs x 16 MiB buffered and 4 jobs x 1 MiB O_DIRECT reads): median "
+                      f"of {shapes}): median "
                       f"{statistics.median(dev):.2f} GiB/s (min {min(dev):.2f}, max {max(dev):.2f}). A 3× cold reload "
                       f"would have to read at {need:.2f} GiB/s; the default reload's read part read at "
                       f"{statistics.median(cold_ours):.2f} GiB/s = {statistics.median(cold_ours) / statistics.median(dev):.2f}× "
@@ -246,6 +258,12 @@ def bench_reload(
         # the packed handles' buffers beside it: what auto reads back instead of packing again
         dumped = c.collective_rpc("coldstart_dump_packed", kwargs={"path": str(flat_dir)})
         print(json.dumps({"dump_packed": dumped}), file=sys.stderr, flush=True)
+        # how this device reads cold files faster, measured now (nothing maps the flat file yet): the
+        # record every cold copy below reads by (weights.readshape)
+        shape = readshape.probe_and_save(flat_dir)
+        rows.append({"bench": "reload", "model": size, "method": "read-shape", "cache": "cold", "rep": -1,
+                     "seconds": 0.0, "bytes": 0, "detail": dataclasses.asdict(shape)})
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
         # the flat file and the packed dump beside it: evicted and pre-read together
         flat_files = [flat_dir / "weights.flat", *sorted(flat_dir.glob("packed-*/weights.flat"))]
         st_files = sorted(model.glob("*.safetensors"))
@@ -254,8 +272,10 @@ def bench_reload(
 
         def probe(when: str, rep: int, path: Path) -> None:
             """The device's own limit, in the same run, on a file no process maps (a mapped page
-            cannot be evicted): the two fio shapes that won `coldstart bench load`'s grid on our two hosts."""
+            cannot be evicted): the fio shapes that won `coldstart bench load`'s grid on our hosts
+            (buffered 4 x 1 MiB on the AMD Zen 3 host, results/bench-load-avx2)."""
             for direct, bs, what in ((0, 16 << 20, "buffered, 4 jobs, 16 MiB reads"),
+                                     (0, 1 << 20, "buffered, 4 jobs, 1 MiB reads"),
                                      (1, 1 << 20, "O_DIRECT, 4 jobs, 1 MiB reads")):
                 evict_all([path])
                 resident = resident_fraction([path])

@@ -13,11 +13,12 @@ Reload modes (``coldstart_reload(mode=...)``; default ``$COLDSTART_RELOAD_MODE``
 ``map`` maps the flat file over the weight arena (coldstart.engine.arena: the weights were moved at
 load time into one anonymous mapping laid out exactly like the flat file) and populates it: no
 zero-fill faults, no copy; ``copy`` reads the file into the tensors through our parallel loader
-(O_DIRECT when the file is cold: buffered cold copies ran 3x slower inside the worker, see
+(a cold file the way its device was probed to read faster, weights.readshape; O_DIRECT where it
+was not probed: buffered cold copies ran 3x slower inside the worker on the first hosts, see
 docs/engine.md);
 ``auto`` maps when the arena exists and the file's index matches its layout, else copies (the
 result says why: ``auto_choice`` / ``map_refused``); a cold flat file (under 10 % of it in the page
-cache) is copied in (O_DIRECT) instead, unless the layers serve from packed handles holding their
+cache) is copied in instead (read as above), unless the layers serve from packed handles holding their
 own copies (``handles_hold_copies``): serving from the mapped file pages, the first forward pass
 after a cold map ran 1.5-3x slower, while with the handles the prepack reads the weights once,
 beside the populate. Set
@@ -657,9 +658,20 @@ class ColdstartRPCMixin:
                 log.warning("coldstart reload: map mode refused: %s", refused)
                 return {"mode": "map", "error": f"map reload refused: {refused}", "flat": str(flat)}
             log.warning("coldstart reload: map mode refused (%s); copying instead", refused)
-        direct = decode_arg(direct)  # None: the loader's choice (O_DIRECT when the file is cold)
+        direct = decode_arg(direct)  # None: the loader's choice (by residency and the device's probe)
+        direct_why = ""
         if direct is None and auto_choice and mode == "copy":
-            direct = True  # auto copies because the file is cold: decided once, not sampled again
+            # auto copies because the file is cold: decided once, not sampled again; the device's
+            # probed way into the (page-aligned) arena
+            from coldstart.errors import ColdstartError
+            from coldstart.weights.format import read_index
+            from coldstart.weights.loader import cold_direct
+
+            try:
+                index = read_index(flat)
+                direct, direct_why = cold_direct(Path(index.data_file), index, "auto: cold")
+            except ColdstartError:
+                direct = True  # an unreadable index is the copy's to report, below
         threads = decode_arg(threads)  # None: the loader's default for the device
         kw: dict[str, Any] = {"threads": None if threads is None else int(threads), "verify": bool(decode_arg(verify)),
                               "direct": None if direct is None else bool(direct)}
@@ -687,6 +699,8 @@ class ColdstartRPCMixin:
         out = _as_dict(stats)
         out.update(packed if side else self._cs_prepack(decode_arg(prepack_threads), source=index))
         out.update({"seconds_rpc": round(time.perf_counter() - t0, 6), "flat": str(flat), "mode": "copy"})
+        if direct_why:
+            out["direct_choice"] = direct_why
         if refused:
             out["map_refused"] = refused
         if auto_choice:

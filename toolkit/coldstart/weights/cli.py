@@ -125,11 +125,32 @@ def verify_command(
                f"{index.digest_algo} digests match{left}")
 
 
+def probe_command(
+    flat: Path = typer.Argument(..., help="a dump directory or its weights.flat, on the device to probe"),
+    span_mb: int = typer.Option(128, "--span-mb", help="MiB of the file's head each probe read loads"),
+    rounds: int = typer.Option(2, "--rounds", help="alternating (O_DIRECT, buffered) pairs"),
+) -> None:
+    """Measure whether the device holding FLAT reads cold files faster with O_DIRECT or through the
+    page cache, and record it in the node dir: later cold loads into page-aligned memory (the
+    engine's weight arena, CUDA staging buffers) read that way. A cold load of a file of 1 GiB or
+    more probes an unprobed device by itself; this runs it ahead of time."""
+    from coldstart.weights.format import read_index
+    from coldstart.weights.readshape import probe_and_save, record_path
+
+    read_index(flat)  # a missing or bad dump is one line
+    typer.echo(f"probing cold reads of {flat}: {rounds} x 2 loads of {span_mb} MiB", err=True)
+    rec = probe_and_save(flat, span=span_mb << 20, rounds=rounds)
+    typer.echo(f"{rec.why()} (each: {', '.join(map(str, rec.direct_gib_s))} / "
+               f"{', '.join(map(str, rec.buffered_gib_s))}) -> {'O_DIRECT' if rec.direct else 'buffered'}; "
+               f"recorded in {record_path(rec.probed_file)}")
+
+
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     sub = typer.Typer(help="Flat weight format: dump, parallel load, verify.", no_args_is_help=True)
     sub.command("dump")(dump_command)
     sub.command("load")(load_command)
     sub.command("verify")(verify_command)
+    sub.command("probe")(probe_command)
     app.add_typer(sub, name="weights")
     from coldstart.bench.weights import bench_load_command
 

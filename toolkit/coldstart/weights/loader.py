@@ -18,10 +18,10 @@ Two ways to move the bytes, picked per destination:
 Both release the GIL where the time goes (preadv, torch copy_), and both can verify the per-chunk
 digests of the index while loading (an error names the tensor).
 
-Page cache or not: by default the loader looks at the data file's residency first (mincore) and
-reads a cold file with O_DIRECT in 1 MiB reads when its destinations are page-aligned (the engine's
-weight arena, CUDA's staging buffers), a cached file or unaligned destinations through the page
-cache.
+Page cache or not: by default the loader looks at the data file's residency first (mincore). A
+cached file, or unaligned destinations, read through the page cache; a cold file into page-aligned
+destinations (the engine's weight arena, CUDA's staging buffers) the way its device was probed to
+read faster (weights.readshape), O_DIRECT in 1 MiB reads where it was not probed.
 """
 from __future__ import annotations
 
@@ -842,11 +842,12 @@ def load_into(
     (``strict``: the two name sets must also be equal). ``mode``: auto (direct on CPU, staged on
     CUDA), direct or staged. ``direct=True`` opens the file with O_DIRECT (bypasses the page cache),
     ``False`` reads through the page cache, ``None`` (default) chooses by the file's residency and the
-    destinations: O_DIRECT when less than ``COLD_DIRECT_MAX`` of it is cached and the destinations are
+    destinations: O_DIRECT when less than ``COLD_DIRECT_MAX`` of it is cached, the destinations are
     page-aligned (the engine's weight arena, CUDA's staging buffers: the disk fills them in place, and
-    the page cache gets no second copy of the weights), buffered otherwise (a cached part is one memcpy
-    away; unaligned destinations would need a bounce buffer, slower than the page cache on both hosts
-    measured: see ``choose_direct``).
+    the page cache gets no second copy of the weights) and the device reads that way no slower
+    (weights.readshape; an unprobed device is probed first when the file is big), buffered otherwise
+    (a cached part is one memcpy away; unaligned destinations would need a bounce buffer, slower than
+    the page cache on both hosts measured: see ``choose_direct``).
 
     How the file is read (defaults measured best here, see docs/weights.md): ``threads`` readers
     (None: ``default_threads`` of the destination's device and O_DIRECT or not; 0: one per usable
@@ -871,7 +872,8 @@ def load_into(
     pairs = check_dest(index, dest, strict)
     choice = ""
     if direct is None:
-        direct, choice = choose_direct(Path(index.data_file), 1.0 if mode == "staged" else aligned_fraction(pairs))
+        direct, choice = choose_direct(Path(index.data_file), 1.0 if mode == "staged" else aligned_fraction(pairs),
+                                       index=index)
     if direct:
         refused = direct_refused(Path(index.data_file))
         if refused:  # (decided before the shape: a buffered load takes the buffered defaults)
@@ -926,14 +928,18 @@ def aligned_fraction(pairs) -> float:
     return aligned / total if total else 1.0
 
 
-def choose_direct(data_file: Path, aligned: float = 1.0) -> tuple[bool, str]:
-    """O_DIRECT for a (nearly) uncached file whose destinations are page-aligned (``aligned``: their
-    share of the bytes), buffered otherwise; (choice, why). Measured on two hosts: O_DIRECT into the
-    aligned weight arena beat buffered reads inside the vLLM worker (AMD: 0.99 vs 0.81 GiB/s; Intel:
-    0.69 vs 2.02 s), while through the bounce buffer it lost to buffered reads (AMD: 0.39x vs 0.96x
-    the device limit; Intel: 0.81x vs 0.84x); see docs/weights.md. The residency is sampled (256
-    pages: tens of microseconds; a full mincore scan took 7-10 ms for 1.25 GiB, 6-8 % of a warm
-    load); if it cannot be read, buffered."""
+def choose_direct(data_file: Path, aligned: float = 1.0, index: FlatIndex | None = None) -> tuple[bool, str]:
+    """O_DIRECT or the page cache for this load; (choice, why). A cached file (``COLD_DIRECT_MAX``),
+    or destinations mostly not page-aligned (``aligned``: their share of the bytes; through a bounce
+    buffer O_DIRECT lost to buffered reads on both hosts measured: AMD 0.39x vs 0.96x the device
+    limit, Intel 0.81x vs 0.84x; docs/weights.md), read through the page cache. A cold file into
+    aligned destinations reads the way its device read faster when probed (weights.readshape): the
+    two ways differ by 2x, in opposite directions, on the Intel and the AMD Zen 3 hosts. An unprobed
+    device is probed first when ``index`` is given and the file is big enough for the probe's cost
+    (about 0.5 s, once per device and boot) to matter less than a wrong choice
+    (``readshape.AUTO_PROBE_MIN``; ``COLDSTART_READ_PROBE=0`` turns it off); otherwise, and when the
+    probe cannot run, O_DIRECT. The residency is sampled (256 pages: tens of microseconds; a full
+    mincore scan took 7-10 ms for 1.25 GiB, 6-8 % of a warm load); if it cannot be read, buffered."""
     from coldstart.warm.residency import sampled_resident_fraction
 
     try:
@@ -944,7 +950,25 @@ def choose_direct(data_file: Path, aligned: float = 1.0) -> tuple[bool, str]:
         return False, f"auto: {frac:.0%} cached -> buffered"
     if aligned < ALIGNED_DIRECT_MIN:
         return False, f"auto: {frac:.0%} cached, {aligned:.0%} of the bytes page-aligned -> buffered"
-    return True, f"auto: {frac:.0%} cached -> O_DIRECT"
+    return cold_direct(data_file, index, f"auto: {frac:.0%} cached")
+
+
+def cold_direct(data_file: Path, index: FlatIndex | None = None, said: str = "cold") -> tuple[bool, str]:
+    """``choose_direct`` for a file known to be cold, into page-aligned destinations: the way its
+    device was probed to read faster (an unprobed device probed first, see there), else O_DIRECT;
+    (choice, why), ``said`` heading the why."""
+    from coldstart.weights import readshape
+
+    rec, note = readshape.cached(data_file), ""
+    if (rec is None and index is not None and os.environ.get("COLDSTART_READ_PROBE", "1") != "0"
+            and os.stat(data_file).st_size >= readshape.AUTO_PROBE_MIN):
+        try:
+            rec, note = readshape.probe_and_save(index), " (probed now)"
+        except (ColdstartError, OSError) as e:
+            note = f"; probe failed: {e}"
+    if rec is None:
+        return True, f"{said} -> O_DIRECT{note}"
+    return rec.direct, f"{said}, {rec.why()}{note} -> {'O_DIRECT' if rec.direct else 'buffered'}"
 
 
 def direct_refused(data_file: Path) -> str | None:
