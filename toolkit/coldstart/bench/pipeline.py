@@ -148,8 +148,8 @@ def reload_table(rows: list[dict], size: str, methods: tuple[str, ...] = METHODS
         when = ("before each round on the flat file and right after the default's cold reload on the model's "
                 "safetensors, the mean of the two" if around else "once per round")
         fios = sorted({r["detail"]["fio"] for r in rows if r["method"] == "device" and "fio" in r.get("detail", {})})
-        shapes = " and ".join(fios) if fios else "4 jobs x 16 MiB buffered and 4 jobs x 1 MiB O_DIRECT reads"
-        lines += ["", f"Device limit, same run (fio, page cache dropped, {when}: the faster "
+        shapes = "; ".join(fios) if fios else "4 jobs x 16 MiB buffered; 4 jobs x 1 MiB O_DIRECT"
+        lines += ["", f"Device limit, same run (fio, page cache dropped, {when}: the fastest "
                       f"of {shapes}): median "
                       f"{statistics.median(dev):.2f} GiB/s (min {min(dev):.2f}, max {max(dev):.2f}). A 3× cold reload "
                       f"would have to read at {need:.2f} GiB/s; the default reload's read part read at "

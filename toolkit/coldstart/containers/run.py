@@ -184,8 +184,7 @@ class HostWarm:
     default while the bulk reads ran 8 readers x 8 MiB in the normal class, which delayed the
     entrypoint's first restore call by 1.4 s (results/spot-checks/host-warm-shape).
 
-    ``early``: from the create call (``early_after_start``: once docker's start call has returned,
-    so that docker's own cold start has the disk), one reader takes first, whole, the few tens of MB that the
+    ``early``: from the create call, one reader takes first, whole, the few tens of MB that the
     entrypoint reads one small read at a time before CRIU runs (early_files: the entrypoint's own
     Python files, the snapshot's manifest and CRIU metadata, the restore's helper programs and their
     libraries), in the normal I/O class. Behind a queue of bulk reads in that class those small
@@ -212,8 +211,7 @@ class HostWarm:
     def __init__(self, snapshot: Path, layers: list[Path] | None = None, *, after_start: bool = False,
                  threads: int | None = HOST_SHAPE[0], chunk: int | None = HOST_SHAPE[1], method: str | None = None,
                  io_class: str | None = None, criu_runs: bool = False,
-                 early: bool = True, early_criu: bool = False, bulk: str = "profile", wait_early: bool = False,
-                 early_after_start: bool = False):
+                 early: bool = True, early_criu: bool = False, bulk: str = "profile", wait_early: bool = False):
         self.ahead = None
         remap = None
         if layers:
@@ -225,7 +223,6 @@ class HostWarm:
         self.warmer = None
         self._started = threading.Event() if after_start else None
         self._early_done = threading.Event() if early else None
-        self._early_go = threading.Event() if early_after_start else None
         self._wait_early = early and wait_early
         self.gate = threading.Event() if (after_start or self._wait_early) else None
         self._shape = {k: v for k, v in (("threads", threads), ("chunk", chunk), ("method", method),
@@ -253,8 +250,6 @@ class HostWarm:
             self.gate.set()
 
     def _read_early(self, snapshot: Path, remap) -> None:
-        if self._early_go is not None:
-            self._early_go.wait(60)  # docker's start call returned (or the caller never says: go anyway)
         t0 = time.monotonic()
         n = files = 0
         try:
@@ -309,8 +304,6 @@ class HostWarm:
         early files are read)."""
         if self._started is not None:
             self._started.set()
-        if self._early_go is not None:
-            self._early_go.set()
         self._open_gate()
 
     def wait(self, timeout: float | None = None) -> WarmStats | None:
@@ -323,8 +316,6 @@ class HostWarm:
         self._cancelled = True
         if self.gate is not None:
             self.gate.set()
-        if self._early_go is not None:
-            self._early_go.set()
         if self.warmer is not None:
             self.warmer.cancel()
 

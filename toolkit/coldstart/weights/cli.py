@@ -146,7 +146,8 @@ def probe_command(
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:
-    sub = typer.Typer(help="Flat weight format: dump, parallel load, verify.", no_args_is_help=True)
+    sub = typer.Typer(help="Flat weight format: dump, parallel load, verify; probe how a device reads cold files.",
+                      no_args_is_help=True)
     sub.command("dump")(dump_command)
     sub.command("load")(load_command)
     sub.command("verify")(verify_command)
