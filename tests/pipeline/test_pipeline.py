@@ -276,9 +276,10 @@ def test_restored_greedy_output_equals_a_stock_server(snapshot, tiny_model_dir):
     stock vLLM server (vLLM's own CPU worker) give the same greedy tokens for several prompts: as
     restored, once its mapped weights have settled into anonymous memory (in the background, while it
     serves: all but the linear weights, which stay mapped and unread), and after one more sleep(2) →
-    wake → reload cycle. The snapshot's weights file leaves out the weights only the handles read
-    (--slim-weights, the default): the server keeps its handles through that sleep too, and a dump of
-    its weights rebuilds them from the handles, bit for bit (the same index, every digest)."""
+    wake → reload cycle. Where the handles hold copies of their own (AVX-512 BF16 hosts), the
+    snapshot's weights file leaves out the weights only the handles read (--slim-weights, the
+    default): the server keeps its handles through that sleep too, and a dump of its weights rebuilds
+    them from the handles, bit for bit (the same index, every digest); elsewhere nothing is left out."""
     from coldstart.engine.launcher import EngineSpec, start_engine
     from coldstart.pipeline.checkpoint import reload_weights
 
@@ -322,25 +323,32 @@ def test_restored_greedy_output_equals_a_stock_server(snapshot, tiny_model_dir):
         from coldstart.weights.loader import verify_flat
 
         snap_index = read_index(snap / m.weights["dir"])
-        assert m.weights["omitted"] == len(snap_index.absent) > 0 and st["handles_only"] == m.weights["omitted"], st
-        assert loaded.attrs.get("handles_only") == m.weights["omitted"], loaded.attrs
+        # slim only where the kept handles hold copies of their own (AVX-512 BF16: oneDNN's packed
+        # copy); on an AVX2 host vLLM's handles read the weight tensors themselves: nothing left out
+        omitted = m.weights.get("omitted", 0)
+        assert bool(omitted) == bool(st["handles_hold_copies"]), (m.weights, st)
+        assert omitted == len(snap_index.absent) and (st["handles_only"] or 0) == omitted, st
+        assert (loaded.attrs.get("handles_only") or 0) == omitted, loaded.attrs
         redump = Path(tempfile.mkdtemp(prefix="cs-redump-")) / "w"
         try:
             d = c.collective_rpc("coldstart_dump_weights", kwargs={"out_dir": str(redump)})[0]
-            assert d["rebuilt_from_handles"] == m.weights["omitted"], d
+            assert (d.get("rebuilt_from_handles") or 0) == omitted, d
             assert read_index(redump).to_json() == snap_index.to_json()
             assert not verify_flat(redump)[1]
         finally:
             shutil.rmtree(redump.parent, ignore_errors=True)
         c.sleep(level=2)
-        assert (c.collective_rpc("coldstart_state")[0]["last"]["kept_linears"]) > 0
+        # with weights left out the handles must outlive this sleep too; else they need not
+        assert bool(c.collective_rpc("coldstart_state")[0]["last"]["kept_linears"]) == bool(omitted)
         c.wake_up(["weights"])
         r = reload_weights(c, snap, m.weights)[0]
         c.wake_up(["kv_cache"])
-        assert r.get("packed_kept", 0) > 0 and not r.get("prepacked_linears"), r
-        # a reload the handles cannot stand for (a copy) is refused in one line; the server serves on
-        bad = c.collective_rpc("coldstart_reload", kwargs={"path": str(snap / m.weights["dir"]), "mode": "copy"})[0]
-        assert "reload refused" in bad["error"] and "left out" in bad["error"], bad
+        assert "error" not in r, r
+        if omitted:
+            assert r.get("packed_kept", 0) > 0 and not r.get("prepacked_linears"), r
+            # a reload the handles cannot stand for (a copy) is refused in one line; the server serves on
+            bad = c.collective_rpc("coldstart_reload", kwargs={"path": str(snap / m.weights["dir"]), "mode": "copy"})[0]
+            assert "reload refused" in bad["error"] and "left out" in bad["error"], bad
         assert [c.complete(p, max_tokens=32, seed=0).token_ids for p in PROMPTS] == want
     finally:
         res.stop()

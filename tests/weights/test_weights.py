@@ -26,6 +26,13 @@ KIB = 1024
 DIGEST_CHUNK = 16 * KIB  # small digest chunks and reads so that a few MB exercise every split path
 
 
+@pytest.fixture(autouse=True)
+def _own_node_dir(tmp_path, monkeypatch):
+    """No device probe recorded on this machine (weights.readshape, in the default node dir) decides
+    how a test's cold loads read."""
+    monkeypatch.setenv("COLDSTART_NODE_DIR", str(tmp_path / "node"))
+
+
 def _raw(t: torch.Tensor) -> bytes:
     t = t.detach().contiguous()
     return t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
