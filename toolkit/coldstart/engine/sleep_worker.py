@@ -672,6 +672,8 @@ class ColdstartRPCMixin:
                 direct, direct_why = cold_direct(Path(index.data_file), index, "auto: cold")
             except ColdstartError:
                 direct = True  # an unreadable index is the copy's to report, below
+            except Exception as e:  # noqa: BLE001 - the probe is a choice: an exception here takes vLLM's engine down
+                direct, direct_why = True, f"auto: cold -> O_DIRECT (read shape unknown: {type(e).__name__}: {e})"
         threads = decode_arg(threads)  # None: the loader's default for the device
         kw: dict[str, Any] = {"threads": None if threads is None else int(threads), "verify": bool(decode_arg(verify)),
                               "direct": None if direct is None else bool(direct)}
