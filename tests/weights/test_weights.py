@@ -139,13 +139,11 @@ def _page_aligned(src) -> dict[str, torch.Tensor]:
     return out
 
 
-def test_auto_o_direct_follows_the_page_cache(tmp_path, src, monkeypatch):
+def test_auto_o_direct_follows_the_page_cache(tmp_path, src):
     """direct=None: a cold data file is read with O_DIRECT into page-aligned destinations (its device
     not probed), through the page cache into unaligned ones (a bounce buffer lost to it on both
     hosts); a cached file through the page cache."""
     from coldstart.warm.residency import evict
-
-    monkeypatch.setenv("COLDSTART_NODE_DIR", str(tmp_path / "node"))  # no probe record of the device
 
     out = tmp_path / "auto"
     dump_tensors(src.items(), out, chunk_bytes=DIGEST_CHUNK)
@@ -172,7 +170,7 @@ def test_auto_o_direct_follows_the_page_cache(tmp_path, src, monkeypatch):
     assert not forced.o_direct and forced.direct_choice == ""
 
 
-def test_a_cold_load_reads_the_way_its_device_was_probed_faster(tmp_path, src, monkeypatch):
+def test_a_cold_load_reads_the_way_its_device_was_probed_faster(tmp_path, src):
     """The probe loads the dump's head cold both ways and records the device's rates in the node dir;
     a cold load into page-aligned memory then reads the way the record says (buffered where the page
     cache read faster), and says why; a record from another boot counts for nothing."""
@@ -181,7 +179,6 @@ def test_a_cold_load_reads_the_way_its_device_was_probed_faster(tmp_path, src, m
     from coldstart.warm.residency import evict
     from coldstart.weights import readshape
 
-    monkeypatch.setenv("COLDSTART_NODE_DIR", str(tmp_path / "node"))
     out = tmp_path / "dump"
     dump_tensors(src.items(), out, chunk_bytes=DIGEST_CHUNK)
     data = out / DATA_NAME
@@ -210,7 +207,6 @@ def test_a_big_cold_load_probes_an_unprobed_device_first(tmp_path, src, monkeypa
     from coldstart.warm.residency import evict
     from coldstart.weights import readshape
 
-    monkeypatch.setenv("COLDSTART_NODE_DIR", str(tmp_path / "node"))
     monkeypatch.setattr(readshape, "AUTO_PROBE_MIN", 1)
     monkeypatch.setattr(readshape, "SPAN_BYTES", 256 * KIB)
     out = tmp_path / "dump"
@@ -232,14 +228,13 @@ def test_probe_command_records_the_device(tmp_path, src):
     """`coldstart weights probe DUMP` prints both rates and the choice and writes the record."""
     out = tmp_path / "dump"
     dump_tensors(src.items(), out, chunk_bytes=DIGEST_CHUNK)
-    env = {**os.environ, "COLDSTART_NODE_DIR": str(tmp_path / "node")}
     r = subprocess.run([str(Path(sys.executable).with_name("coldstart")), "weights", "probe", str(out),
-                        "--span-mb", "1", "--rounds", "1"], capture_output=True, text=True, env=env, timeout=120)
+                        "--span-mb", "1", "--rounds", "1"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "probed: O_DIRECT" in r.stdout and "recorded in" in r.stdout, r.stdout
-    assert len(list((tmp_path / "node" / "read-shape").glob("*.json"))) == 1
+    assert len(list((tmp_path / "node" / "read-shape").glob("*.json"))) == 1  # (_own_node_dir)
     r = subprocess.run([str(Path(sys.executable).with_name("coldstart")), "weights", "probe", str(tmp_path / "missing")],
-                       capture_output=True, text=True, env=env, timeout=120)
+                       capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 

@@ -137,11 +137,11 @@ def probe_command(
     from coldstart.weights.format import read_index
     from coldstart.weights.readshape import probe_and_save, record_path
 
-    read_index(flat)  # a missing or bad dump is one line
+    index = read_index(flat)  # a missing or bad dump is one line, before the probe says anything
     typer.echo(f"probing cold reads of {flat}: {rounds} x 2 loads of {span_mb} MiB", err=True)
-    rec = probe_and_save(flat, span=span_mb << 20, rounds=rounds)
+    rec = probe_and_save(index, span=span_mb << 20, rounds=rounds)
     typer.echo(f"{rec.why()} (each: {', '.join(map(str, rec.direct_gib_s))} / "
-               f"{', '.join(map(str, rec.buffered_gib_s))}) -> {'O_DIRECT' if rec.direct else 'buffered'}; "
+               f"{', '.join(map(str, rec.buffered_gib_s))}) -> {rec.way}; "
                f"recorded in {record_path(rec.probed_file)}")
 
 

@@ -968,7 +968,7 @@ def cold_direct(data_file: Path, index: FlatIndex | None = None, said: str = "co
             note = f"; probe failed: {e}"
     if rec is None:
         return True, f"{said} -> O_DIRECT{note}"
-    return rec.direct, f"{said}, {rec.why()}{note} -> {'O_DIRECT' if rec.direct else 'buffered'}"
+    return rec.direct, f"{said}, {rec.why()}{note} -> {rec.way}"
 
 
 def direct_refused(data_file: Path) -> str | None:

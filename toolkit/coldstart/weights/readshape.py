@@ -11,7 +11,6 @@ record for every later load on the node at the cost of one small file read.
 from __future__ import annotations
 
 import json
-import mmap
 import os
 import statistics
 import time
@@ -41,6 +40,10 @@ class ReadShape:
     span_bytes: int
     probed_file: str
     probed_at: float  # unix time
+
+    @property
+    def way(self) -> str:
+        return "O_DIRECT" if self.direct else "buffered"
 
     def why(self) -> str:
         """The record in a few words, for the loader's ``direct_choice``."""
@@ -93,8 +96,11 @@ def save(rec: ReadShape, path: Path | str) -> Path:
 
 def _head(index: FlatIndex, span: int):
     """The dump's first tensors up to ``span`` bytes (at least one), and page-aligned destinations
-    for them at the file's own relative offsets (one anonymous mapping)."""
+    for them at the file's own relative offsets (one anonymous mapping); (dest, first offset, bytes,
+    the mapping)."""
     import torch
+
+    from coldstart.weights.loader import _aligned_buffer
 
     entries = sorted(index.tensors, key=lambda e: e.offset)
     if not entries:
@@ -102,12 +108,12 @@ def _head(index: FlatIndex, span: int):
     base = entries[0].offset
     head = [e for e in entries if e.offset + e.nbytes - base <= span] or entries[:1]
     size = max(e.offset + e.nbytes for e in head) - base
-    buf = mmap.mmap(-1, (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE)
+    buf = _aligned_buffer(size)
     raw = torch.frombuffer(buf, dtype=torch.uint8)
     raw.fill_(0)  # touched, as a live model's memory is
     dest = {e.name: raw[e.offset - base:e.offset - base + e.nbytes].view(torch_dtype(e.dtype)).view(e.shape)
             for e in head}
-    return dest, size, buf
+    return dest, base, size, buf
 
 
 def probe(flat: Path | str | FlatIndex, span: int = SPAN_BYTES, rounds: int = ROUNDS) -> ReadShape:
@@ -123,8 +129,7 @@ def probe(flat: Path | str | FlatIndex, span: int = SPAN_BYTES, rounds: int = RO
     refused = direct_refused(data)
     if refused:
         raise ColdstartError(f"{data}: O_DIRECT refused ({refused}); nothing to choose")
-    dest, size, _buf = _head(index, span)
-    first = min(e.offset for e in index.tensors)
+    dest, first, size, _buf = _head(index, span)
     rates: dict[bool, list[float]] = {True: [], False: []}
     for r in range(rounds):
         for direct in ((True, False) if r % 2 == 0 else (False, True)):
