@@ -17,12 +17,9 @@ zero-fill faults, no copy; ``copy`` reads the file into the tensors through our 
 was not probed: buffered cold copies ran 3x slower inside the worker on the first hosts, see
 docs/engine.md);
 ``auto`` maps when the arena exists and the file's index matches its layout, else copies (the
-result says why: ``auto_choice`` / ``map_refused``); a cold flat file (under 10 % of it in the page
-cache) is copied in instead (read as above), unless the layers serve from packed handles holding their
-own copies (``handles_hold_copies``): serving from the mapped file pages, the first forward pass
-after a cold map ran 1.5-3x slower, while with the handles the prepack reads the weights once,
-beside the populate. Set
-``COLDSTART_WEIGHT_ARENA=0`` to keep vLLM's own allocation (copy only).
+result says why: ``auto_choice`` / ``map_refused``), cold or cached: a cold map reads the file once,
+into the page cache, while a copy also faults in and fills every page of the released arena (see
+``_auto_reload_mode``). Set ``COLDSTART_WEIGHT_ARENA=0`` to keep vLLM's own allocation (copy only).
 
 Linear layers keep their weight as a plain tensor (the one sleep releases and a reload refills in
 place) and, while awake, serve through vLLM's own prepacked oneDNN/SGL handle built from it: the
@@ -150,24 +147,24 @@ def handles_hold_copies() -> bool:
     return packing_active() and bool(torch.cpu._is_avx512_bf16_supported())
 
 
-def _auto_reload_mode(flat: Path) -> tuple[str, str, float | None]:
-    """``auto`` with an arena: ``map`` for a cached flat file; for a cold one ``map`` too where the
-    handles hold copies (the prepack runs beside the populate: Intel AMX host, cold, 0.86 s against
-    1.44 for a copy and then the prepack, the canary after both alike, results/reload-intel-2), else
-    ``copy`` (the loader then reads it with O_DIRECT: with the layers serving from the mapped file
-    pages, the first forward passes after a cold map ran 1.5-3x slower); (mode, why, the sampled
-    residency or None)."""
-    from coldstart.weights.loader import COLD_DIRECT_MAX
-
+def _auto_reload_mode(flat: Path) -> tuple[str, float | None]:
+    """``auto`` with an arena maps, for a cached flat file and for a cold one alike; (why, the sampled
+    residency or None: the overlap's choice and the stats share it). Cold, a map reads the file once, into the page cache, with the
+    prepack beside the populate; a copy reads it as well and also faults in and fills every page of
+    the released arena (about a CPU-second for the bench model on the 2-core hosts). Bench model,
+    cold: Intel AMX host, map 0.86 s against 1.44 for a copy and then the prepack
+    (results/reload-intel-2); AMD Zen 3 host, where the handles hold no copies and the layers serve
+    from the mapped pages, map 0.87 s against 1.51 (O_DIRECT copy) and 1.63 (buffered), 1.10x the
+    device; its first forward pass is slower (the 8-token canary after it 2.08 s against 1.75), and
+    reload + canary still shorter in 6 of 6 rounds (2.87 s against 3.28; results/reload-avx2-3).
+    The slower first pass was 1.5-3x on the Intel host when its layers served from the mapped
+    weights (docs/engine.md); a restore settles the mapped weights into anonymous memory after its
+    first token (``coldstart_settle``)."""
     try:
         frac = _resident_fraction(flat)
     except Exception as e:  # noqa: BLE001 - an unreadable file is map_file's to report
-        return "map", f"auto: residency unknown ({e}) -> map", None
-    if frac < COLD_DIRECT_MAX:
-        if handles_hold_copies():
-            return "map", f"auto: {frac:.0%} of the weights file cached, served from packed handles -> map", frac
-        return "copy", f"auto: {frac:.0%} of the weights file cached -> copy", frac
-    return "map", f"auto: {frac:.0%} of the weights file cached -> map", frac
+        return f"auto: residency unknown ({e}) -> map", None
+    return f"auto: {frac:.0%} of the weights file cached -> map", frac
 
 
 def _overlap_prepack(overlap, flat: Path, frac: float | None = None) -> bool:
@@ -609,9 +606,7 @@ class ColdstartRPCMixin:
         auto_choice = ""
         frac = None
         if mode == "auto" and self._cs_arena is not None:
-            choice, auto_choice, frac = _auto_reload_mode(flat)
-            if choice == "copy":  # else stay "auto": a refused map still falls back to a copy
-                mode = "copy"
+            auto_choice, frac = _auto_reload_mode(flat)  # (a refused map still falls back to a copy)
         if mode in ("map", "auto"):
             if self._cs_arena is None:
                 refused = "no weight arena in this worker (GPU, or COLDSTART_WEIGHT_ARENA=0)"
@@ -659,21 +654,6 @@ class ColdstartRPCMixin:
                 return {"mode": "map", "error": f"map reload refused: {refused}", "flat": str(flat)}
             log.warning("coldstart reload: map mode refused (%s); copying instead", refused)
         direct = decode_arg(direct)  # None: the loader's choice (by residency and the device's probe)
-        direct_why = ""
-        if direct is None and auto_choice and mode == "copy":
-            # auto copies because the file is cold: decided once, not sampled again; the device's
-            # probed way into the (page-aligned) arena
-            from coldstart.errors import ColdstartError
-            from coldstart.weights.format import read_index
-            from coldstart.weights.loader import cold_direct
-
-            try:
-                index = read_index(flat)
-                direct, direct_why = cold_direct(Path(index.data_file), index, "auto: cold")
-            except ColdstartError:
-                direct = True  # an unreadable index is the copy's to report, below
-            except Exception as e:  # noqa: BLE001 - the probe is a choice: an exception here takes vLLM's engine down
-                direct, direct_why = True, f"auto: cold -> O_DIRECT (read shape unknown: {type(e).__name__}: {e})"
         threads = decode_arg(threads)  # None: the loader's default for the device
         kw: dict[str, Any] = {"threads": None if threads is None else int(threads), "verify": bool(decode_arg(verify)),
                               "direct": None if direct is None else bool(direct)}
@@ -701,8 +681,6 @@ class ColdstartRPCMixin:
         out = _as_dict(stats)
         out.update(packed if side else self._cs_prepack(decode_arg(prepack_threads), source=index))
         out.update({"seconds_rpc": round(time.perf_counter() - t0, 6), "flat": str(flat), "mode": "copy"})
-        if direct_why:
-            out["direct_choice"] = direct_why
         if refused:
             out["map_refused"] = refused
         if auto_choice:
