@@ -90,8 +90,8 @@ def test_the_snapshot_ships_its_access_profile(snapshot, tmp_path, monkeypatch):
 def test_reload_mode_follows_the_warm_stage(snapshot):
     """auto reload after a restore, warming off (weights file cold) and on: the packed handles kept
     through the checkpoint serve the linear layers, so the file is mapped either way, only its
-    pages no handle covers populated, and nothing is packed. (Without kept handles auto copies a
-    cold file in with O_DIRECT: tests/engine/test_server.py.) Output right both ways."""
+    pages no handle covers populated, and nothing is packed. (Without kept handles auto maps a cold
+    file too and packs beside the populate: tests/engine/test_server.py.) Output right both ways."""
     from coldstart.warm.residency import evict
 
     snap, m = snapshot

@@ -923,8 +923,8 @@ def _wake_and_reload(client, snap: Path, m: Manifest, opts: RestoreOptions, tl: 
     tl.mark(EventName.WAKE_WEIGHTS)
     t = time.monotonic()
     # with a warm stage running (a warmer, or a profile recorder) the page cache is shared with it:
-    # map (an O_DIRECT copy would read the weights a second time, past the warmer, and hide them
-    # from the recorded profile); without one, auto copies a cold file in with O_DIRECT
+    # map, also where auto would copy (a refused map), since an O_DIRECT copy would read the weights
+    # a second time, past the warmer, and hide them from the recorded profile
     mode = "map" if opts.reload_mode == "auto" and warming else opts.reload_mode
     # (from this process's environment: the restored worker's is the checkpoint's)
     overlap = {"0": False, "1": True}.get(os.environ.get(PREPACK_OVERLAP_ENV, ""), "auto")
