@@ -85,3 +85,18 @@ def test_every_benchmark_that_drops_the_page_cache_can_keep_the_vms_memory() -> 
         r = CliRunner().invoke(app, [*cmd, "--help"], env={"COLUMNS": "200"})
         assert r.exit_code == 0, (cmd, r.output)
         assert "--keep-memory" in r.output and "balloon reports free pages" in r.output, (cmd, r.output)
+
+
+def test_a_benchmark_killed_with_sigterm_unwinds(tmp_path) -> None:
+    """SIGTERM to a benchmark runs its finally blocks (where it stops the servers it started)."""
+    mark = tmp_path / "unwound"
+    code = ("import os, signal, sys, time\n"
+            "from coldstart.bench.host import unwind_on_sigterm\n"
+            "unwind_on_sigterm()\n"
+            "try:\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    time.sleep(30)\n"
+            "finally:\n"
+            "    open(sys.argv[1], 'w').write('stopped')\n")
+    r = subprocess.run([sys.executable, "-c", code, str(mark)], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and mark.read_text() == "stopped", r.stderr

@@ -22,6 +22,7 @@ def _bench_watch() -> None:
     from coldstart.bench import host
 
     host.watch()  # what else ran during the benchmark, for its table's host line
+    host.unwind_on_sigterm()
 
 
 STAGES = ("models", "weights", "criu", "warm", "engine", "pipeline", "registry", "containers", "matrix",

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import statistics
 import threading
@@ -195,6 +196,17 @@ class HostWatch:
 
 
 _active: HostWatch | None = None
+
+
+def _sigterm(signum, frame) -> None:
+    raise KeyboardInterrupt()
+
+
+def unwind_on_sigterm() -> None:
+    """A benchmark killed with SIGTERM unwinds as on ^C: its ``finally`` blocks stop the servers it
+    started and remove its staging dirs (with the default action, a `bench reload` killed so left its
+    vLLM server running, holding a core and GiBs of memory)."""
+    signal.signal(signal.SIGTERM, _sigterm)
 
 
 def watch() -> HostWatch:

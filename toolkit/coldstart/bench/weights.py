@@ -27,7 +27,6 @@ import os
 import platform
 import random
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -1105,10 +1104,6 @@ def summarize(records: list[dict], cfg: BenchConfig, host: dict, skipped: dict[s
 # CLI
 
 
-def _sigterm(signum, frame) -> None:
-    raise KeyboardInterrupt()
-
-
 def bench_load_command(
     reps: int = typer.Option(5, "--reps", help="repetitions per cell (medians; >= 5 for the issue's figures)"),
     out: Path = typer.Option(Path("results/bench-load"), "--out", help="results directory (replaced atomically)"),
@@ -1130,7 +1125,6 @@ def bench_load_command(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     console = Console(stderr=True)
-    signal.signal(signal.SIGTERM, _sigterm)  # unwind (and remove the staging dir) on kill, like ^C
     cfg = BenchConfig(
         model_dir=model_dir, size=size, reps=reps, out=out,
         methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
