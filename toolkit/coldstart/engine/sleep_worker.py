@@ -148,18 +148,17 @@ def handles_hold_copies() -> bool:
 
 
 def _auto_reload_mode(flat: Path) -> tuple[str, float | None]:
-    """``auto`` with an arena maps, for a cached flat file and for a cold one alike; (why, the sampled
-    residency or None: the overlap's choice and the stats share it). Cold, a map reads the file once, into the page cache, with the
-    prepack beside the populate; a copy reads it as well and also faults in and fills every page of
-    the released arena (about a CPU-second for the bench model on the 2-core hosts). Bench model,
-    cold: Intel AMX host, map 0.86 s against 1.44 for a copy and then the prepack
-    (results/reload-intel-2); AMD Zen 3 host, where the handles hold no copies and the layers serve
-    from the mapped pages, map 0.87 s against 1.51 (O_DIRECT copy) and 1.63 (buffered), 1.10x the
-    device; its first forward pass is slower (the 8-token canary after it 2.08 s against 1.75), and
-    reload + canary still shorter in 6 of 6 rounds (2.87 s against 3.28; results/reload-avx2-3).
-    The slower first pass was 1.5-3x on the Intel host when its layers served from the mapped
-    weights (docs/engine.md); a restore settles the mapped weights into anonymous memory after its
-    first token (``coldstart_settle``)."""
+    """``auto`` with an arena maps, the flat file cached or cold; (why, the sampled residency or None:
+    the overlap's choice and the stats share it). Cold, a map reads the file once, into the page
+    cache, the prepack beside the populate; a copy reads it too and also faults in and fills every
+    page of the released arena (~1 CPU-second for the bench model on 2 cores). Bench model, cold:
+    Intel AMX host, map 0.86 s against 1.44 (a copy, then the prepack; results/reload-intel-2); AMD
+    Zen 3 host (no copies in the handles: the layers serve from the mapped pages), map 0.87 and 1.14
+    s against 1.42-1.63 for copies, 0.93x the device (results/reload-avx2-3, -4). The first
+    completion after a map is 0.1-0.5 s slower there (not by page faults: cause not found), so reload +
+    first completion gained 0-0.6 s in three runs (results/spot-checks/first-pass-after-map); a
+    restore settles the mapped weights into anonymous memory after its first token
+    (``coldstart_settle``)."""
     try:
         frac = _resident_fraction(flat)
     except Exception as e:  # noqa: BLE001 - an unreadable file is map_file's to report
@@ -673,10 +672,12 @@ class ColdstartRPCMixin:
                 stats, packed = self._cs_copy_packing(index, kw, decode_arg(prepack_threads))
             else:
                 stats = load_into(index, model_tensors(self._cs_model()), **kw)
-        except ColdstartError as e:
-            # returned, not raised: an exception in a collective_rpc takes vLLM's engine down
-            log.warning("coldstart reload: copy failed: %s", e)
-            return {"mode": "copy", "error": f"copy reload failed: {e} (the weights may be partly overwritten: "
+        except Exception as e:  # noqa: BLE001 - (the loader's own failures are ColdstartErrors; the
+            # read-shape probe it may run is a choice): returned, not raised, since an exception in a
+            # collective_rpc takes vLLM's engine down
+            why = str(e) if isinstance(e, ColdstartError) else f"{type(e).__name__}: {e}"
+            log.warning("coldstart reload: copy failed: %s", why)
+            return {"mode": "copy", "error": f"copy reload failed: {why} (the weights may be partly overwritten: "
                                              "reload from a good dump before serving)", "flat": str(flat)}
         out = _as_dict(stats)
         out.update(packed if side else self._cs_prepack(decode_arg(prepack_threads), source=index))
