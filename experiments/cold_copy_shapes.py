@@ -27,6 +27,7 @@ from coldstart.weights.format import read_index, torch_dtype
 from coldstart.weights.loader import load_into
 
 MiB = 1 << 20
+MADV_HUGEPAGE, MADV_POPULATE_WRITE = 14, 23
 VARIANTS = {
     "buffered-t2-ranges": dict(direct=False),
     "odirect-t8-ranges-16M-1M": dict(direct=True),
@@ -41,7 +42,8 @@ VARIANTS = {
 
 
 def fio(path: Path, args: str, jobs: int = 1) -> float:
-    """Seconds fio takes to read ``path`` with ``args`` (``jobs`` readers, each its own range)."""
+    """Seconds fio takes to read ``path`` with ``args`` (``jobs`` readers, each its own range): like
+    bench.weights.fio_run, which has psync reads only, also with io_uring queue depths."""
     import json
     import subprocess
 
@@ -52,7 +54,6 @@ def fio(path: Path, args: str, jobs: int = 1) -> float:
         cmd += [f"--size={part}", f"--offset_increment={part}"]
     r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)["jobs"][0]["read"]
     return r["io_bytes"] / r["bw_bytes"]
-MADV_HUGEPAGE, MADV_POPULATE_WRITE = 14, 23
 
 
 def cpu_s() -> float:

@@ -26,39 +26,36 @@ if len(sys.argv) > 2:  # a subset, e.g. "copy:warm,map:warm"
 PROMPT = "The capital of France is"
 
 
-def faults(pids: list[int]) -> tuple[int, int]:
-    """(minor, major) page faults of the server's processes so far."""
-    import psutil
-
-    mn = mj = 0
+def minor_faults(pids: list[int]) -> int:
+    """Minor page faults of the server's processes so far (/proc/PID/stat's minflt)."""
+    n = 0
     for pid in pids:
         try:
-            st = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-            mn, mj = mn + int(st[7]), mj + int(st[9])
-        except (OSError, psutil.Error):
+            n += int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
+        except OSError:
             pass
-    return mn, mj
+    return n
 
 
 def completions(c, pids: list[int], n: int = 3) -> list[list[float]]:
     """[seconds, minor faults] of ``n`` 8-token completions in a row."""
     out = []
     for _ in range(n):
-        f0, t = faults(pids)[0], time.perf_counter()
+        f0, t = minor_faults(pids), time.perf_counter()
         c.complete(PROMPT, max_tokens=8)
-        out.append([round(time.perf_counter() - t, 4), faults(pids)[0] - f0])
+        out.append([round(time.perf_counter() - t, 4), minor_faults(pids) - f0])
     return out
 
 
 def main(rounds: int) -> None:
     import shutil
 
+    import psutil
+
     work = Path("/var/tmp/coldstart-first-pass")
     shutil.rmtree(work, ignore_errors=True)  # (served_with_flat dumps the weights anew)
     eng, c, canary, flat = served_with_flat(_model("bench"), work)
     files = [flat / "weights.flat"]
-    import psutil
-
     root = psutil.Process(eng.root_pid)
     pids = [root.pid] + [p.pid for p in root.children(recursive=True)]
     try:

@@ -19,7 +19,7 @@ docs/engine.md);
 ``auto`` maps when the arena exists and the file's index matches its layout, else copies (the
 result says why: ``auto_choice`` / ``map_refused``), cold or cached: a cold map reads the file once,
 into the page cache, while a copy also faults in and fills every page of the released arena (see
-``_auto_reload_mode``). Set ``COLDSTART_WEIGHT_ARENA=0`` to keep vLLM's own allocation (copy only).
+``_auto_choice``). Set ``COLDSTART_WEIGHT_ARENA=0`` to keep vLLM's own allocation (copy only).
 
 Linear layers keep their weight as a plain tensor (the one sleep releases and a reload refills in
 place) and, while awake, serve through vLLM's own prepacked oneDNN/SGL handle built from it: the
@@ -147,7 +147,7 @@ def handles_hold_copies() -> bool:
     return packing_active() and bool(torch.cpu._is_avx512_bf16_supported())
 
 
-def _auto_reload_mode(flat: Path) -> tuple[str, float | None]:
+def _auto_choice(flat: Path) -> tuple[str, float | None]:
     """``auto`` with an arena maps, the flat file cached or cold; (why, the sampled residency or None:
     the overlap's choice and the stats share it). Cold, a map reads the file once, into the page
     cache, the prepack beside the populate; a copy reads it too and also faults in and fills every
@@ -172,7 +172,7 @@ def _overlap_prepack(overlap, flat: Path, frac: float | None = None) -> bool:
     the page cache. Cold, the populate waits on the disk while the prepack needs the CPUs: side by
     side the bench model's map reload took 1.17 s against 1.86 (AVX-512 VM, in a container with host
     warming). Warm there is no wait to hide, and the populating threads only take CPU from the
-    prepack: 1.03 s against 0.96. ``frac``: the residency already sampled (_auto_reload_mode)."""
+    prepack: 1.03 s against 0.96. ``frac``: the residency already sampled (_auto_choice)."""
     if overlap is None:
         overlap = {"0": False, "1": True}.get(os.environ.get("COLDSTART_PREPACK_OVERLAP", "auto"), "auto")
     if overlap != "auto":
@@ -605,7 +605,7 @@ class ColdstartRPCMixin:
         auto_choice = ""
         frac = None
         if mode == "auto" and self._cs_arena is not None:
-            auto_choice, frac = _auto_reload_mode(flat)  # (a refused map still falls back to a copy)
+            auto_choice, frac = _auto_choice(flat)  # (a refused map still falls back to a copy)
         if mode in ("map", "auto"):
             if self._cs_arena is None:
                 refused = "no weight arena in this worker (GPU, or COLDSTART_WEIGHT_ARENA=0)"
