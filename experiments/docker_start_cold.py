@@ -3,6 +3,7 @@ setup, or docker's own binaries?
 
     PYTHONPATH=toolkit .venv/bin/python experiments/docker_start_cold.py net IMAGE REPS
     PYTHONPATH=toolkit .venv/bin/python experiments/docker_start_cold.py pin IMAGE REPS
+    PYTHONPATH=toolkit .venv/bin/python experiments/docker_start_cold.py runtime IMAGE REPS
 
 A fresh container of IMAGE runs the interpreter (net: one line; pin: the entrypoint's imports before
 ENTRY_READY, bench.containers.ENTRY_PROBE), timed from the docker-py create call on the host's
@@ -10,6 +11,7 @@ wall clock: the start call returned ("started"), Python's first line ("py"), the
 ("ready"). net: no network, our bridge network, and the bridge with a published port, each warm and
 with the page cache dropped. pin: warm; dropped; dropped while docker's binaries (runc, the shim,
 docker-proxy, containerd, dockerd, libc, libseccomp, ld.so) are locked in memory by `vmtouch -l`.
+runtime: the pin mode's probe under each OCI runtime the daemon knows of runc and crun, warm and cold.
 Medians; the variants' order turns every repetition. Needs root and our dockerd."""
 import os
 import signal
@@ -51,6 +53,14 @@ if mode == "net":
                 if cache == "cold":
                     drop_caches()
                 rows.append({"v": f"{cache} {v}", **start("import time; print(repr(time.time()))", **VS[v])})
+elif mode == "runtime":
+    known = c.info().get("Runtimes") or {}
+    VS = [(rt, cache) for rt in ("runc", "crun") if rt in known for cache in ("warm", "cold")]
+    for rep in range(reps):
+        for rt, cache in (VS if rep % 2 == 0 else VS[::-1]):
+            if cache == "cold":
+                drop_caches()
+            rows.append({"v": f"{rt} {cache}", **start(ENTRY_PROBE, network=net, ports=PORT, runtime=rt)})
 else:
     VS = ["warm", "cold", "cold+docker-pinned"]
     for rep in range(reps):

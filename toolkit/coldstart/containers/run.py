@@ -103,7 +103,7 @@ def checkpoint(c, image: str, model: Path, out: Path, *, extra: list[str] | None
                            network=docker_api.ensure_network(c), tmpfs=STATE_TMPFS,
                            volumes={str(model): {"bind": str(model), "mode": "ro"},
                                     str(out.parent): {"bind": "/out", "mode": "rw"}},
-                           environment={"TMPDIR": "/out"}, **security)
+                           environment={"TMPDIR": "/out"}, runtime=docker_api.oci_runtime(c), **security)
     try:
         res = ctr.wait(timeout=900)
         logs = ctr.logs(stdout=True, stderr=True).decode(errors="replace")
@@ -143,7 +143,8 @@ def create_restore(c, image: str, snapshot: Path, model: Path, host_port: int, *
     return c.containers.create(image, argv, name=name, shm_size=SHM_SIZE, **kw,
                                network=docker_api.ensure_network(c), tmpfs=STATE_TMPFS,
                                ports={f"{CONTAINER_PORT}/tcp": ("127.0.0.1", host_port)}, environment=env,
-                               volumes=volumes, **(RESTORE_SECURITY if security is None else security))
+                               volumes=volumes, runtime=docker_api.oci_runtime(c),
+                               **(RESTORE_SECURITY if security is None else security))
 
 
 def with_host_events(summary: dict, created_s: float | None, started_s: float | None) -> dict:
@@ -440,4 +441,5 @@ def create_naive(c, image: str, model: Path, host_port: int, kv_cache_bytes: int
                                        "--kv-cache-memory-bytes", str(kv_cache_bytes), *(extra or [])],
                                entrypoint=["python3"], shm_size=SHM_SIZE, network=docker_api.ensure_network(c),
                                ports={f"{CONTAINER_PORT}/tcp": ("127.0.0.1", host_port)},
-                               volumes={str(model): {"bind": str(model), "mode": "ro"}})
+                               volumes={str(model): {"bind": str(model), "mode": "ro"}},
+                               runtime=docker_api.oci_runtime(c))
