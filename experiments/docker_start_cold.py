@@ -4,6 +4,7 @@ setup, or docker's own binaries?
     PYTHONPATH=toolkit .venv/bin/python experiments/docker_start_cold.py net IMAGE REPS
     PYTHONPATH=toolkit .venv/bin/python experiments/docker_start_cold.py pin IMAGE REPS
     PYTHONPATH=toolkit .venv/bin/python experiments/docker_start_cold.py runtime IMAGE REPS
+    PYTHONPATH=toolkit .venv/bin/python experiments/docker_start_cold.py phases IMAGE REPS
 
 A fresh container of IMAGE runs the interpreter (net: one line; pin: the entrypoint's imports before
 ENTRY_READY, bench.containers.ENTRY_PROBE), timed from the docker-py create call on the host's
@@ -12,6 +13,8 @@ wall clock: the start call returned ("started"), Python's first line ("py"), the
 with the page cache dropped. pin: warm; dropped; dropped while docker's binaries (runc, the shim,
 docker-proxy, containerd, dockerd, libc, libseccomp, ld.so) are locked in memory by `vmtouch -l`.
 runtime: the pin mode's probe under each OCI runtime the daemon knows of runc and crun, warm and cold.
+phases: warm, under each of those runtimes, the create call and the start call apart, with no network,
+our bridge with a published port, and the restore container's settings (capabilities, tmpfs, shm).
 Medians; the variants' order turns every repetition. Needs root and our dockerd."""
 import os
 import signal
@@ -61,6 +64,26 @@ elif mode == "runtime":
             if cache == "cold":
                 drop_caches()
             rows.append({"v": f"{rt} {cache}", **start(ENTRY_PROBE, network=net, ports=PORT, runtime=rt)})
+elif mode == "phases":
+    from coldstart.containers import run
+
+    BR = dict(network=net, ports=PORT)
+    VS = {"none": dict(network_mode="none"), "bridge+port": BR,
+          "restore's settings": dict(BR, tmpfs=run.STATE_TMPFS, shm_size=run.SHM_SIZE, **run.RESTORE_SECURITY)}
+    known = c.info().get("Runtimes") or {}
+    for rep in range(reps):
+        for v in VS:
+            for rt in [r for r in ("runc", "crun") if r in known][::1 if rep % 2 == 0 else -1]:
+                t0 = time.time()
+                ctr = c.containers.create(img, ["-c", "import time; print(repr(time.time()))"], entrypoint=["python"],
+                                          runtime=rt, **VS[v])
+                t1 = time.time()
+                ctr.start()
+                t2 = time.time()
+                ctr.wait()
+                py = float(ctr.logs().decode().split()[0])
+                ctr.remove()
+                rows.append({"v": f"{rt} {v}", "created": t1 - t0, "started": t2 - t0, "py": py - t0})
 else:
     VS = ["warm", "cold", "cold+docker-pinned"]
     for rep in range(reps):
@@ -80,4 +103,4 @@ else:
                     pin.wait()
 for v in dict.fromkeys(r["v"] for r in rows):
     s = [r for r in rows if r["v"] == v]
-    print(f"{v:22} " + " ".join(f"{k} {statistics.median(r[k] for r in s):.3f}" for k in ("started", "py", "ready")))
+    print(f"{v:28} " + " ".join(f"{k} {statistics.median(r[k] for r in s):.3f}" for k in s[0] if k != "v"))

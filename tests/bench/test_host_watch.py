@@ -100,3 +100,15 @@ def test_a_benchmark_killed_with_sigterm_unwinds(tmp_path) -> None:
             "    open(sys.argv[1], 'w').write('stopped')\n")
     r = subprocess.run([sys.executable, "-c", code, str(mark)], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and mark.read_text() == "stopped", r.stderr
+
+
+def test_the_line_names_the_cpus_kind() -> None:
+    from coldstart.bench import host
+
+    intel = "processor\t: 0\ncpu family\t: 6\nmodel\t\t: 143\nflags\t\t: avx2 avx512f avx512_bf16 amx_tile\n\n"
+    amd = "processor\t: 0\ncpu family\t: 25\nmodel\t\t: 1\nflags\t\t: fma avx2\n\nprocessor\t: 1\nflags: avx512f\n"
+    assert host.cpu_kind(intel) == "family 6 model 143, AMX"
+    assert host.cpu_kind(amd) == "family 25 model 1, AVX2"  # the first processor's, not the next one's
+    assert host.cpu_kind("processor\t: 0\nFeatures\t: asimd\n") == ""
+    if kind := host.cpu_kind():
+        assert f"({kind})," in host.line()

@@ -217,13 +217,31 @@ def watch() -> HostWatch:
     return _active
 
 
+def cpu_kind(cpuinfo: str | None = None) -> str:
+    """The CPU's family and model and its widest matrix or vector unit, e.g. "family 25 model 17,
+    AVX-512 BF16": the hosts change between sessions and share one model name ("AMD EPYC"), and
+    these decide the kernels vLLM runs and so which figures compare."""
+    try:
+        text = cpuinfo if cpuinfo is not None else Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    first = {k.strip(): v.strip() for k, _, v in (ln.partition(":") for ln in text.split("\n\n")[0].splitlines())}
+    flags = set(first.get("flags", "").split())
+    unit = next((name for flag, name in (("amx_tile", "AMX"), ("avx512_bf16", "AVX-512 BF16"), ("avx512f", "AVX-512"),
+                                         ("avx2", "AVX2")) if flag in flags), "")
+    fam = f"family {first['cpu family']} model {first['model']}" if "cpu family" in first and "model" in first else ""
+    return ", ".join(x for x in (fam, unit) if x)
+
+
 def line(*parts: str) -> str:
-    """The host line of a benchmark table: CPU, cores, kernel, host name, ``parts``, and what the
-    watch observed; CPU-measured (the GPU kit writes its own)."""
+    """The host line of a benchmark table: CPU (its kind: cpu_kind), cores, kernel, host name, ``parts``,
+    and what the watch observed; CPU-measured (the GPU kit writes its own)."""
     from coldstart.pipeline import hostfacts
 
     h = hostfacts.collect()
-    head = f"Host: {h.cpu_model}, {os.cpu_count()} cores, kernel {h.kernel} ({socket.gethostname()})"
+    kind = cpu_kind()
+    head = (f"Host: {h.cpu_model}{f' ({kind})' if kind else ''}, {os.cpu_count()} cores, kernel {h.kernel} "
+            f"({socket.gethostname()})")
     extra = "".join(f"; {p}" for p in parts if p)
     seen = watch().describe()
     return f"{head}{extra}. {seen[:1].upper()}{seen[1:]}. CPU-measured; unverified on GPU."

@@ -34,11 +34,14 @@ def build_command(
 
 @container_app.command("info")
 def info_command(host: Optional[str] = typer.Option(None, "--host")) -> None:
-    """What the daemon is and what it allows (the capability names it knows)."""
+    """What the daemon is and what it allows (the capability names it knows), and the OCI runtime our
+    containers run under there (crun where it knows it; $COLDSTART_OCI_RUNTIME)."""
     from coldstart.containers import docker_api
 
-    f = docker_api.daemon_facts(docker_api.client(host))
-    typer.echo(json.dumps({**f.__dict__, "knows_CHECKPOINT_RESTORE": f.knows_checkpoint_restore_cap}))
+    c = docker_api.client(host)
+    f = docker_api.daemon_facts(c)
+    typer.echo(json.dumps({**f.__dict__, "knows_CHECKPOINT_RESTORE": f.knows_checkpoint_restore_cap,
+                           "oci_runtime": docker_api.oci_runtime(c) or f.runtime}))
 
 
 @container_app.command("checkpoint")
