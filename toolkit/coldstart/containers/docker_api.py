@@ -190,66 +190,6 @@ def run(c, image: str, command: list[str] | None = None, *, timeout: float = 600
             pass
 
 
-_start_files_seen: dict[str, list[Path]] = {}  # daemon -> its start files
-
-
-def start_files(c) -> list[Path]:
-    """The host's files a container's start reads, in about the order it does (traced after a dropped
-    page cache: experiments/docker_start_reads.py): docker-proxy, the shim, the OCI runtime and its
-    libraries, then dockerd, which docker runs again as the network's prestart hook (34 of its 75 MB
-    read cold per start), and the libraries it maps. Only for a daemon on this host (a unix socket);
-    [] otherwise. Found once per daemon (0.06 s: the caller looks it up before its clock starts)."""
-    import shutil
-
-    key = str(c.api.base_url)
-    if key in _start_files_seen:
-        return _start_files_seen[key]
-    out: list[Path] = []
-    if docker_host().startswith("unix://"):
-        rt = oci_runtime(c) or str(c.info().get("DefaultRuntime") or "runc")
-        rt_path = str(((c.info().get("Runtimes") or {}).get(rt) or {}).get("path") or rt)
-        bins = [shutil.which(b) for b in ("docker-proxy", "containerd-shim-runc-v2", rt_path)]
-        out = [Path(b) for b in bins if b]
-        out += _needed_libs(out[-1]) if bins[-1] else []
-        for pid in _pids_named("dockerd"):  # (containerd is not run again: its mapped pages stay cached)
-            try:
-                maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
-                out.append(Path(os.readlink(f"/proc/{pid}/exe")))
-            except OSError:
-                continue
-            out += [Path(f[5]) for f in (ln.split(None, 5) for ln in maps) if len(f) == 6 and ".so" in f[5]]
-        out = [p for p in dict.fromkeys(out) if p.is_file()]
-    _start_files_seen[key] = out
-    return out
-
-
-def _pids_named(*names: str) -> list[int]:
-    pids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if d.joinpath("comm").read_text().strip() in names:
-                    pids.append(int(d.name))
-            except OSError:
-                continue
-    return pids
-
-
-def _needed_libs(binary: Path) -> list[Path]:
-    """The shared libraries ``binary`` links (DT_NEEDED), as the host's linker finds them."""
-    try:
-        from elftools.elf.elffile import ELFFile
-
-        with open(binary, "rb") as f:
-            dyn = ELFFile(f).get_section_by_name(".dynamic")
-            names = [t.needed for t in dyn.iter_tags("DT_NEEDED")] if dyn is not None else []
-    except Exception:  # noqa: BLE001 - a hint list: an unreadable binary adds nothing
-        return []
-    dirs = [Path(d) for d in ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu",
-                              "/usr/lib64", "/usr/lib")]
-    return [next(d / n for d in dirs if (d / n).exists()) for n in names if any((d / n).exists() for d in dirs)]
-
-
 def image_layers(c, image: str) -> list[Path]:
     """The image's layer directories on this host, top layer first (overlay2's UpperDir, then its
     LowerDir list): how the host reads the files a container of it will read. [] for another

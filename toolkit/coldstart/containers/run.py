@@ -20,7 +20,6 @@ passed. Each replica has its own network namespace: any number of one snapshot r
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import time
@@ -31,7 +30,7 @@ from typing import Any
 from coldstart.criu import images as _images
 from coldstart.criu.caps import RESTORE_NEEDS
 from coldstart.errors import ColdstartError
-from coldstart.fsutil import data_extents, will_need
+from coldstart.fsutil import data_extents
 # imported here, not in host_warm: host_warm runs inside the timed window that starts at the create call
 # (after a dropped page cache, importing the warmer's modules, numpy among them, took 2.5 s there)
 from coldstart.pipeline.events import EventName
@@ -213,10 +212,8 @@ class HostWarm:
     def __init__(self, snapshot: Path, layers: list[Path] | None = None, *, after_start: bool = False,
                  threads: int | None = HOST_SHAPE[0], chunk: int | None = HOST_SHAPE[1], method: str | None = None,
                  io_class: str | None = None, criu_runs: bool = False,
-                 early: bool = True, early_criu: bool = False, bulk: str = "profile", wait_early: bool = False,
-                 first: list[Path] | None = None):
+                 early: bool = True, early_criu: bool = False, bulk: str = "profile", wait_early: bool = False):
         self.ahead = None
-        self._first = [Path(p) for p in first or []]
         remap = None
         if layers:
             from coldstart.containers.docker_api import layer_remap
@@ -257,13 +254,6 @@ class HostWarm:
         t0 = time.monotonic()
         n = files = 0
         try:
-            for p in self._first:  # docker's own start files: asked for, not waited on
-                with contextlib.suppress(OSError):
-                    fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
-                    try:
-                        will_need(fd, 0, os.fstat(fd).st_size)
-                    finally:
-                        os.close(fd)
             for p in early_files(snapshot, remap):
                 if self._cancelled:
                     break
