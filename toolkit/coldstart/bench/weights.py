@@ -40,6 +40,7 @@ from typing import Any, Callable, Optional
 
 import typer
 
+from coldstart.bench.host import cpu_kind
 from coldstart.errors import ColdstartError
 from coldstart.models.tiny import model_dir as made_model_dir
 from coldstart.state import cache_root
@@ -200,6 +201,7 @@ def host_facts(data_path: Path) -> dict[str, Any]:
         pass
     return {
         "hostname": socket.gethostname(), "kernel": platform.release(), "cpu": cpu, "cpus": os.cpu_count(),
+        "cpu_kind": cpu_kind(),
         "mem_gib": round(int(mem) / 2**20, 1), "python": platform.python_version(),
         "storage": _block_device(data_path), "fio": fio_v, "git": git,
         "versions": {m: _version(m) for m in ("torch", "safetensors", "numpy", "fastsafetensors",
@@ -949,7 +951,8 @@ def summarize(records: list[dict], cfg: BenchConfig, host: dict, skipped: dict[s
                  f"{len(prep.st_files)} safetensors file(s)); flat file `{prep.flat_data.name}` "
                  f"{prep.flat_data.stat().st_size / GiB:.2f} GiB.  ")
     s = host["storage"]
-    lines.append(f"Host: {host['cpus']} CPUs ({host['cpu']}), {host['mem_gib']} GiB, kernel {host['kernel']}, "
+    kind = f", {host['cpu_kind']}" if host.get("cpu_kind") else ""
+    lines.append(f"Host: {host['cpus']} CPUs ({host['cpu']}{kind}), {host['mem_gib']} GiB, kernel {host['kernel']}, "
                  f"storage {s.get('name', '?')} ({s.get('fs', '?')}, read_ahead_kb {s.get('read_ahead_kb', '?')}); "
                  f"compare ratios within this run, not absolute numbers across runs.  ")
     from coldstart.bench.host import watch
