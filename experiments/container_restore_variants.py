@@ -5,7 +5,8 @@ keywords), the restore container's environment, warm or cold page cache.
 
 VARIANTS: {"name": {"method": "restore" | "restore+hostwarm" (default), "cache": "warm" | "cold"
 (default: page cache dropped before the start), "env": {...}, "forget": [paths under the node dir
-removed before the start, e.g. "criu-kdat"], any other key: HostWarm's}}. The
+removed before the start, e.g. "criu-kdat"], "runtime": the OCI runtime its containers run under
+(default: docker_api.oci_runtime's choice), any other key: HostWarm's}}. The
 snapshots are `coldstart bench container`'s (made in IMAGE under /var/tmp/coldstart-bench-container
 when missing); each is first restored once as new to the node (its access profile recorded), then
 the variants alternate, REPS times. A warm variant follows one unmeasured restore of its own. One
@@ -41,7 +42,9 @@ with host.memory_kept() if keep else contextlib.nullcontext(), open(out_path, "a
         for size, (model, snap) in cases.items():
             for name, v in variants.items():
                 method, env = v.get("method", "restore+hostwarm"), v.get("env")
-                shape = {k: x for k, x in v.items() if k not in ("method", "cache", "env", "forget")}
+                shape = {k: x for k, x in v.items() if k not in ("method", "cache", "env", "forget", "runtime")}
+                if "runtime" in v:  # what oci_runtime answers for this daemon from now on
+                    docker_api._runtimes_seen[str(c.api.base_url)] = v["runtime"]
                 forget = lambda: [shutil.rmtree(node_dir() / f, ignore_errors=True) for f in v.get("forget", [])]  # noqa: E731
                 forget()
                 if v.get("cache") == "warm":

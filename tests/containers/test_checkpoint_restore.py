@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from coldstart.containers import run
+from coldstart.containers import docker_api, run
 from coldstart.engine.launcher import free_port
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "containers.md"
@@ -62,11 +62,20 @@ def _restores_and_serves(ctr, port: int, model: Path) -> dict:
     return summary
 
 
+@pytest.mark.parametrize("runtime", ["default", "crun"])
 def test_restore_in_a_new_container_from_a_read_only_mount(docker_client, app_image, container_snapshot,
-                                                           tiny_model_dir):
+                                                           tiny_model_dir, runtime, monkeypatch):
+    """Under the daemon's default OCI runtime (runc) and under crun, where the daemon knows it (a node
+    may run either; the snapshot was checkpointed under the default)."""
+    facts = docker_api.daemon_facts(docker_client)
+    if runtime not in facts.runtimes + ["default"]:
+        pytest.skip(f"the daemon does not know {runtime} (scripts/start-docker registers it where it can run)")
+    monkeypatch.setenv(docker_api.RUNTIME_ENV, runtime)
+    monkeypatch.setattr(docker_api, "_runtimes_seen", {})  # chosen once per daemon: choose again
     port = free_port()
     ctr = run.start_restore(docker_client, app_image.tag, container_snapshot, tiny_model_dir, port)
     try:
+        assert ctr.attrs["HostConfig"]["Runtime"] == (facts.runtime if runtime == "default" else runtime)
         summary = _summary(ctr, 240)
         assert summary["restored"] is True and summary["canary_ok"] is True, summary
         ev = summary["events"]  # no COLDSTART_T0 given: the clock starts at the entrypoint's exec
