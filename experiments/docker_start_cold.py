@@ -31,6 +31,7 @@ mode, img, reps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 c = docker_api.client(None)
 net = docker_api.ensure_network(c)
 PORT = {"8000/tcp": ("127.0.0.1", 18555)}
+RUNTIMES = [rt for rt in ("runc", "crun") if rt in (c.info().get("Runtimes") or {})]  # runtime, phases
 DOCKER = [p for p in ("/usr/sbin/runc", "/usr/bin/containerd-shim-runc-v2", "/usr/sbin/docker-proxy",
                       "/usr/bin/containerd", "/usr/sbin/dockerd", "/usr/lib/x86_64-linux-gnu/libc.so.6",
                       "/usr/lib/x86_64-linux-gnu/libseccomp.so.2", "/lib64/ld-linux-x86-64.so.2") if os.path.exists(p)]
@@ -57,8 +58,7 @@ if mode == "net":
                     drop_caches()
                 rows.append({"v": f"{cache} {v}", **start("import time; print(repr(time.time()))", **VS[v])})
 elif mode == "runtime":
-    known = c.info().get("Runtimes") or {}
-    VS = [(rt, cache) for rt in ("runc", "crun") if rt in known for cache in ("warm", "cold")]
+    VS = [(rt, cache) for rt in RUNTIMES for cache in ("warm", "cold")]
     for rep in range(reps):
         for rt, cache in (VS if rep % 2 == 0 else VS[::-1]):
             if cache == "cold":
@@ -70,10 +70,9 @@ elif mode == "phases":
     BR = dict(network=net, ports=PORT)
     VS = {"none": dict(network_mode="none"), "bridge+port": BR,
           "restore's settings": dict(BR, tmpfs=run.STATE_TMPFS, shm_size=run.SHM_SIZE, **run.RESTORE_SECURITY)}
-    known = c.info().get("Runtimes") or {}
     for rep in range(reps):
         for v in VS:
-            for rt in [r for r in ("runc", "crun") if r in known][::1 if rep % 2 == 0 else -1]:
+            for rt in RUNTIMES[::1 if rep % 2 == 0 else -1]:
                 t0 = time.time()
                 ctr = c.containers.create(img, ["-c", "import time; print(repr(time.time()))"], entrypoint=["python"],
                                           runtime=rt, **VS[v])

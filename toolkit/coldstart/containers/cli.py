@@ -35,7 +35,7 @@ def build_command(
 @container_app.command("info")
 def info_command(host: Optional[str] = typer.Option(None, "--host")) -> None:
     """What the daemon is and what it allows (the capability names it knows), and the OCI runtime our
-    containers run under there (crun where it knows it; $COLDSTART_OCI_RUNTIME)."""
+    containers run under there (the daemon's default, or $COLDSTART_OCI_RUNTIME)."""
     from coldstart.containers import docker_api
 
     c = docker_api.client(host)
