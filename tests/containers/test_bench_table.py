@@ -19,7 +19,7 @@ def test_table_gives_medians_restored_counts_speed_up_and_the_warming_bound():
     assert "| tiny | warm | 65.00 (2) | 2.00 (2) | - | 1/2 | **32.5x** |" in t
     assert "| tiny | cold | - (0) | 4.00 (1) | 3.30 (1) | 2/2 | - |" in t
     # bound = max(warm restore 2.0 s, 3 GiB / 1 GiB/s = 3.0 s) = 3.0 s; 3.3 / 3.0 = 1.10x
-    assert "| tiny | 1.00 | 3.00 | 3.00 | 2.00 | 3.00 | 3.30 | **1.10x** | 4.00 |" in t
+    assert "| tiny | cold | 1.00 | 3.00 | 3.00 | 2.00 | 3.00 | 3.30 | **1.10x** | 4.00 |" in t
     assert "- tiny naive cold rep 0: RuntimeError: boom" in t
     assert "- tiny restore warm rep 3: x" in t
 
@@ -104,3 +104,22 @@ def test_the_table_says_at_which_milestone_the_cold_start_falls_behind():
     assert "| tiny | warm | 0.200 | 0.210 | 0.300 | 0.500 | - | 0.700 |" in t
     assert "| tiny | **lost** | +0.150 | +0.150 | +0.150 | +0.200 | - | +0.200 |" in t
     assert "Where the cold" not in render(rows[:1], "Host: test", "coldstart bench container")  # no cold starts
+
+
+def test_a_node_with_only_the_snapshot_cold_is_held_to_its_own_bound():
+    rows = [{"size": "tiny", "method": "disk", "bw_bytes_s": 2**30, "gib_s": 1.0}]
+    ev = lambda shift: {"CONTAINER_STARTED": 0.2 + shift, "FIRST_TOKEN": 0.7 + shift}  # noqa: E731
+    rows += [{"size": "tiny", "method": m, "cache": c, "rep": 0, "restored": True, "events": ev(x["first_token_s"] - 1.0),
+              "disk_probe_bytes_s": [2**30, 2**30], **x}
+             for m, c, x in [("restore", "warm", {"first_token_s": 1.0}),
+                             ("restore", "cold", {"first_token_s": 1.6, "disk_read_bytes": 2**29}),
+                             ("restore+hostwarm", "cold", {"first_token_s": 1.3}),
+                             ("restore", "cold-snapshot", {"first_token_s": 1.4, "disk_read_bytes": 2**28}),
+                             ("restore+hostwarm", "cold-snapshot", {"first_token_s": 1.1, "disk_read_bytes": 2**27})]]
+    t = render(rows, "Host: test", "coldstart bench container")
+    assert "| tiny | cold-snapshot | - (0) | 1.40 (1) | 1.10 (1) | 2/2 | - |" in t
+    # the cold-snapshot restore alone read 0.25 GiB: bound max(1.0, 0.25) = 1.0 -> 1.10x
+    assert "| tiny | cold | 1.00 | 0.50 | 0.50 | 1.00 | 1.00 | 1.30 | **1.30x** | 1.60 |" in t
+    assert "| tiny | cold-snapshot | 1.00 | 0.25 | 0.25 | 1.00 | 1.00 | 1.10 | **1.10x** | 1.40 |" in t
+    assert "| tiny | restore+hostwarm (cold-snapshot) | 1.00 (1.00-1.00) | 0.12 | 1.00 | 1.10 | **1.10x** |" in t
+    assert "| tiny | **lost** (cold-snapshot) | +0.100 |" in t

@@ -274,9 +274,12 @@ def run_bench(c, image: str, cases: list[tuple[str, Path, Path]], *, reps: int, 
               say: Say = print, methods: tuple[str, ...] = ("naive", "restore", "restore+hostwarm"),
               naive_reps: int | None = None) -> list[dict]:
     """``cases``: (case label, model dir, snapshot dir); two cases of one model (two layouts) share its
-    naive starts, run with the first. One record per (case, method, cache, rep);
-    restore+hostwarm runs in cold cells only (with a warm cache it is the plain restore), restore+load
-    in warm cells only (its decoy evicted before each start). The order of
+    naive starts, run with the first. One record per (case, method, cache, rep). ``caches``: warm;
+    cold (the whole page cache dropped before each start); cold-snapshot (a node that runs containers:
+    one unmeasured restore of the snapshot leaves docker, the image and the node dir as it leaves them,
+    then only the snapshot's files are evicted; restores only: the naive start and the entry probe
+    read nothing of the snapshot). restore+hostwarm runs in cold cells only (with a warm cache it is
+    the plain restore), restore+load in warm cells only (its decoy evicted before each start). The order of
     the methods turns around every repetition. entry+hostwarm, like restore+hostwarm, runs in cold
     cells only; a warm entry follows one unmeasured entry. Before them, per snapshot, one restore that is the
     first on this node (row "first-on-node"). A warm restore cell follows one unmeasured restore of
@@ -305,7 +308,8 @@ def run_bench(c, image: str, cases: list[tuple[str, Path, Path]], *, reps: int, 
         for size, model, snap in cases:
             for cache in caches:
                 ms = [m for m in methods if not (m in ("restore+hostwarm", "entry+hostwarm") and cache == "warm")
-                      and not (m == "restore+load" and cache == "cold")
+                      and not (m == "restore+load" and cache != "warm")
+                      and not (cache == "cold-snapshot" and m not in ("restore", "restore+hostwarm"))
                       and not (m == "naive" and (rep >= (reps if naive_reps is None else naive_reps)
                                                  or naive_case[model] != size))]
                 for method in (ms if rep % 2 == 0 else ms[::-1]):
@@ -314,6 +318,12 @@ def run_bench(c, image: str, cases: list[tuple[str, Path, Path]], *, reps: int, 
                     if cache == "cold":
                         probe0 = disk_probe(snap)
                         drop_caches()
+                    elif cache == "cold-snapshot":
+                        rows.append({"size": size, "method": "prewarm", "cache": cache, "rep": rep,
+                                     **one_start(c, image, "restore", model, snap, layers)})
+                        say(json.dumps(rows[-1]))
+                        probe0 = disk_probe(snap)
+                        evict_all([snap])
                     elif method in ("restore", "restore+load"):
                         rows.append({"size": size, "method": "prewarm", "cache": cache, "rep": rep,
                                      **one_start(c, image, "restore", model, snap, layers)})
@@ -329,6 +339,9 @@ def run_bench(c, image: str, cases: list[tuple[str, Path, Path]], *, reps: int, 
                     rows.append(row)
                     say(json.dumps(row))
     return rows
+
+
+COLD_CACHES = ("cold", "cold-snapshot")  # run_bench's cache states that start with something to read
 
 
 def _fmt(x: float | None, digits: int = 2) -> str:
@@ -350,39 +363,39 @@ def _per_start_bounds(rows: list[dict], sizes: list[str]) -> list[str]:
            "| model | method | disk around the start (GiB/s) | read (GiB) | bound (s) | first token (s) "
            "| ratio to bound | each start's ratio | CPU-s (warm restore: CPU-s) |", "|---|---|---|---|---|---|---|---|---|"]
     n = 0
-    for size in sizes:
+    for size, cache, method in ((s, c, m) for s in sizes for c in COLD_CACHES for m in ("restore", "restore+hostwarm")):
         warm_rows = [r for r in rows if r["size"] == size and r["method"] == "restore" and r.get("cache") == "warm"]
         warm = _med(warm_rows)
         if warm is None:
             continue
-        for method in ("restore", "restore+hostwarm"):
-            sel = [r for r in rows if r["size"] == size and r["method"] == method and r.get("cache") == "cold"
-                   and r.get("disk_probe_bytes_s") and r.get("first_token_s") and r.get("disk_read_bytes")]
-            if not sel:
-                continue
-            per = []
-            for r in sel:
-                bw = statistics.mean(r["disk_probe_bytes_s"])
-                bound = max(warm, r["disk_read_bytes"] / bw)
-                per.append((bw, r["disk_read_bytes"], bound, r["first_token_s"], r["first_token_s"] / bound))
-            med = lambda i: statistics.median(x[i] for x in per)  # noqa: E731
-            n += 1
-            out.append(f"| {size} | {method} | {med(0) / 2**30:.2f} ({min(x[0] for x in per) / 2**30:.2f}-"
-                       f"{max(x[0] for x in per) / 2**30:.2f}) | {med(1) / 2**30:.2f} | {med(2):.2f} | {med(3):.2f} "
-                       f"| **{med(4):.2f}x** | {', '.join(f'{x[4]:.2f}' for x in per)} "
-                       f"| {_fmt(_med(sel, 'cpu_busy_s'))} ({_fmt(_med(warm_rows, 'cpu_busy_s'))}) |")
+        sel = [r for r in rows if r["size"] == size and r["method"] == method and r.get("cache") == cache
+               and r.get("disk_probe_bytes_s") and r.get("first_token_s") and r.get("disk_read_bytes")]
+        if not sel:
+            continue
+        per = []
+        for r in sel:
+            bw = statistics.mean(r["disk_probe_bytes_s"])
+            bound = max(warm, r["disk_read_bytes"] / bw)
+            per.append((bw, r["disk_read_bytes"], bound, r["first_token_s"], r["first_token_s"] / bound))
+        med = lambda i: statistics.median(x[i] for x in per)  # noqa: E731
+        n += 1
+        out.append(f"| {size} | {method}{'' if cache == 'cold' else f' ({cache})'} | {med(0) / 2**30:.2f} ({min(x[0] for x in per) / 2**30:.2f}-"
+                   f"{max(x[0] for x in per) / 2**30:.2f}) | {med(1) / 2**30:.2f} | {med(2):.2f} | {med(3):.2f} "
+                   f"| **{med(4):.2f}x** | {', '.join(f'{x[4]:.2f}' for x in per)} "
+                   f"| {_fmt(_med(sel, 'cpu_busy_s'))} ({_fmt(_med(warm_rows, 'cpu_busy_s'))}) |")
     return out if n else []
 
 
-def _run_bound(rows: list[dict], size: str) -> dict:
-    """The run-level overlapped-warming figures of one case (medians): warm restore, cold restore with
-    host warming ("hw") and alone ("cold"), the bytes a cold restore read, the disk probe of the run,
-    and the time those bytes take at its bandwidth ("read_s"; None without the probe or the bytes)."""
+def _run_bound(rows: list[dict], size: str, cache: str = "cold") -> dict:
+    """The run-level overlapped-warming figures of one case (medians): warm restore, restore with
+    host warming ("hw") and alone ("cold") from ``cache``, the bytes such a restore alone read, the
+    disk probe of the run, and the time those bytes take at its bandwidth ("read_s"; None without the
+    probe or the bytes)."""
     sel = lambda m, c: [r for r in rows if r["size"] == size and r["method"] == m and r.get("cache") == c]  # noqa: E731
     disk = next((r for r in rows if r["size"] == size and r["method"] == "disk"), None)
-    nbytes = _med(sel("restore", "cold"), "disk_read_bytes")
+    nbytes = _med(sel("restore", cache), "disk_read_bytes")
     return {"disk": disk, "nbytes": nbytes, "warm": _med(sel("restore", "warm")),
-            "hw": _med(sel("restore+hostwarm", "cold")), "cold": _med(sel("restore", "cold")),
+            "hw": _med(sel("restore+hostwarm", cache)), "cold": _med(sel("restore", cache)),
             "read_s": nbytes / disk["bw_bytes_s"] if disk and nbytes is not None else None}
 
 
@@ -433,17 +446,22 @@ def _where_lost(rows: list[dict], sizes: list[str]) -> list[str]:
     for size in sizes:
         cells = {case: [r for r in rows if r["size"] == size and r["method"] == m and r.get("cache") == c
                         and r.get("events")]
-                 for case, m, c in (("warm", "restore", "warm"), ("cold + host warming", "restore+hostwarm", "cold"))}
+                 for case, m, c in (("warm", "restore", "warm"), ("cold + host warming", "restore+hostwarm", "cold"),
+                                    ("cold-snapshot + host warming", "restore+hostwarm", "cold-snapshot"))}
+        cells = {case: rs for case, rs in cells.items() if rs}
         med = {case: {e: _med([{"t": r["events"][e]} for r in rs if e in r["events"]], "t") for e in LOSS_EVENTS}
                for case, rs in cells.items()}
-        if not all(cells.values()):
+        if "warm" not in cells or len(cells) < 2:
             continue
         n += 1
         for case in cells:
             out.append(f"| {size} | {case} | " + " | ".join(_fmt(med[case][e], 3) for e in LOSS_EVENTS) + " |")
-        a, b = med["warm"], med["cold + host warming"]
-        out.append(f"| {size} | **lost** | " + " | ".join(
-            "-" if a[e] is None or b[e] is None else f"{b[e] - a[e]:+.3f}" for e in LOSS_EVENTS) + " |")
+        a = med["warm"]
+        for case in list(cells)[1:]:
+            b = med[case]
+            label = "**lost**" if case == "cold + host warming" else f"**lost** ({case.split(' ')[0]})"
+            out.append(f"| {size} | {label} | " + " | ".join(
+                "-" if a[e] is None or b[e] is None else f"{b[e] - a[e]:+.3f}" for e in LOSS_EVENTS) + " |")
     return out if n else []
 
 
@@ -477,16 +495,20 @@ def render(rows: list[dict], host: str, command: str) -> str:
               "file and records the access profile, which later replicas find in the node dir): "
               + ", ".join(f"{r['size']} {r['first_token_s']:.2f} s" for r in first) + "."]
     L += ["", "Overlapped warming (cold cache): restore + host warming against the bound "
-          "max(warm restore, bytes a cold restore reads from the disk / the disk's bandwidth).", "",
-          "| model | disk bandwidth (GiB/s) | cold restore reads (GiB) | read time (s) | warm restore (s) | bound (s) "
-          "| restore + host warming (s) | ratio to bound | restore alone, cold (s) |", "|---|---|---|---|---|---|---|---|---|"]
-    for size in sizes:
-        b = _run_bound(rows, size)
+          "max(warm restore, bytes a cold restore reads from the disk / the disk's bandwidth). cold: the whole "
+          "page cache dropped before each start; cold-snapshot (when run): a node that runs containers, where "
+          "only the snapshot's files were evicted (docker, the image and the node dir as the restore before "
+          "left them).", "",
+          "| model | cache | disk bandwidth (GiB/s) | cold restore reads (GiB) | read time (s) | warm restore (s) "
+          "| bound (s) | restore + host warming (s) | ratio to bound | restore alone, cold (s) |",
+          "|---|---|---|---|---|---|---|---|---|---|"]
+    for size, cache in ((s, c) for s in sizes for c in COLD_CACHES):
+        b = _run_bound(rows, size, cache)
         if b["read_s"] is None or b["warm"] is None or b["hw"] is None:
             continue
         bound = max(b["warm"], b["read_s"])
-        L.append(f"| {size} | {b['disk']['gib_s']:.2f} | {b['nbytes'] / 2**30:.2f} | {b['read_s']:.2f} | {b['warm']:.2f} "
-                 f"| {bound:.2f} | {b['hw']:.2f} | **{b['hw'] / bound:.2f}x** | {_fmt(b['cold'])} |")
+        L.append(f"| {size} | {cache} | {b['disk']['gib_s']:.2f} | {b['nbytes'] / 2**30:.2f} | {b['read_s']:.2f} "
+                 f"| {b['warm']:.2f} | {bound:.2f} | {b['hw']:.2f} | **{b['hw'] / bound:.2f}x** | {_fmt(b['cold'])} |")
     L += _per_start_bounds(rows, sizes)
     L += _entry_floor(rows, sizes)
     L += _where_lost(rows, sizes)

@@ -165,7 +165,9 @@ def bench_container(
     reps: int = typer.Option(3, help="repetitions per cell"),
     naive_reps: Optional[int] = typer.Option(None, help="repetitions of the naive start (the first ones; "
                                              "default --reps): minutes each for the bench model"),
-    caches: str = typer.Option("warm,cold", help="page-cache states (cold: dropped before each start)"),
+    caches: str = typer.Option("warm,cold", help="page-cache states: warm; cold (the whole page cache dropped "
+                               "before each start); cold-snapshot (a node that runs containers: after one "
+                               "unmeasured restore, only the snapshot's files evicted; restores only)"),
     layouts: str = typer.Option("hot", help="snapshot layouts (`coldstart checkpoint --layout`), each a case "
                                 "per model (named e.g. bench-hot); a model's naive starts run once, with its first"),
     methods: str = typer.Option("naive,restore,restore+hostwarm,entry,entry+hostwarm",
