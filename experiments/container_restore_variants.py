@@ -4,7 +4,8 @@ keywords), the restore container's environment, warm or cold page cache.
     PYTHONPATH=toolkit .venv/bin/python experiments/container_restore_variants.py IMAGE SIZES REPS OUT.jsonl VARIANTS [keep-memory]
 
 VARIANTS: {"name": {"method": "restore" | "restore+hostwarm" (default), "cache": "warm" | "cold"
-(default: page cache dropped before the start), "env": {...}, "forget": [paths under the node dir
+(default: page cache dropped before the start) | "cold-snapshot" (after one unmeasured restore, only
+the snapshot's files evicted), "env": {...}, "forget": [paths under the node dir
 removed before the start, e.g. "criu-kdat"], "runtime": the OCI runtime its containers run under
 (default: docker_api.oci_runtime's choice), any other key: HostWarm's}}. The
 snapshots are `coldstart bench container`'s (made in IMAGE under /var/tmp/coldstart-bench-container
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from coldstart.bench import containers as bc
 from coldstart.bench import host
-from coldstart.warm.residency import drop_caches
+from coldstart.warm.residency import drop_caches, evict_all
 from coldstart.containers import docker_api
 from coldstart.state import node_dir
 
@@ -47,9 +48,11 @@ with host.memory_kept() if keep else contextlib.nullcontext(), open(out_path, "a
                     docker_api._runtimes_seen[str(c.api.base_url)] = v["runtime"]
                 forget = lambda: [shutil.rmtree(node_dir() / f, ignore_errors=True) for f in v.get("forget", [])]  # noqa: E731
                 forget()
-                if v.get("cache") == "warm":
+                if v.get("cache") in ("warm", "cold-snapshot"):
                     bc.one_start(c, image, method, model, snap, layers, env=env)
                     forget()
+                    if v["cache"] == "cold-snapshot":
+                        evict_all([snap])
                 else:
                     drop_caches()
                 r = bc.one_start(c, image, method, model, snap, layers, host_warm=shape, env=env)
