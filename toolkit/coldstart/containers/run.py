@@ -40,7 +40,7 @@ from coldstart.state import node_dir
 from coldstart.warm import native as _native
 from coldstart.warm import snapshot as _snapshot
 from coldstart.warm import start_warming
-from coldstart.warm.base import WarmStats, background_priority, early_ranges
+from coldstart.warm.base import WarmStats, early_ranges
 from coldstart.warm.profile import load_profile
 from coldstart.warm.residency import exact_pipe, read_into_cache
 
@@ -204,9 +204,7 @@ class HostWarm:
     chunk default to 2 x 2 MiB (HOST_SHAPE), not the native warmer's 8 x 8 MiB: on the AVX-512 VM's
     disk 2 x 2 MiB read at 1.8-2.0 GiB/s against 0.9-1.35, a 4 KiB read beside them waited 5 ms
     (p90) against 28-54, and CRIU's phase of a cold container restore took 0.37 s against 0.86
-    (bench-overlap.jsonl). ``nice``: the warmer's threads at the lowest CPU priority
-    (warm.base.background_priority), so that docker's start gets the CPUs first; off by default.
-    ``criu_runs``: also ask, at the create call, for what CRIU
+    (bench-overlap.jsonl). ``criu_runs``: also ask, at the create call, for what CRIU
     itself reads before the restored tree runs (pipeline.restore.ReadAhead: the heads of the image's
     ELF files it checks, ~100 MiB of page runs); off by default: it gained nothing there
     (bench-criu-runs), the entrypoint's own read-ahead asks for the same at its restore call."""
@@ -214,10 +212,8 @@ class HostWarm:
     def __init__(self, snapshot: Path, layers: list[Path] | None = None, *, after_start: bool = False,
                  threads: int | None = HOST_SHAPE[0], chunk: int | None = HOST_SHAPE[1], method: str | None = None,
                  io_class: str | None = None, criu_runs: bool = False,
-                 early: bool = True, early_criu: bool = False, bulk: str = "profile", wait_early: bool = False,
-                 nice: bool = False):
+                 early: bool = True, early_criu: bool = False, bulk: str = "profile", wait_early: bool = False):
         self.ahead = None
-        self._nice = nice
         remap = None
         if layers:
             from coldstart.containers.docker_api import layer_remap
@@ -255,8 +251,6 @@ class HostWarm:
             self.gate.set()
 
     def _read_early(self, snapshot: Path, remap) -> None:
-        if self._nice:
-            background_priority()
         t0 = time.monotonic()
         n = files = 0
         try:
@@ -280,8 +274,6 @@ class HostWarm:
             self._open_gate()
 
     def _run(self, snapshot: Path, remap) -> None:
-        if self._nice:
-            background_priority()  # (the native warmer's readers, started here, inherit it)
         t0 = time.monotonic()
         try:
             m = read_manifest(snapshot)
