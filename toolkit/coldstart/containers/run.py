@@ -204,9 +204,7 @@ class HostWarm:
     chunk default to 2 x 2 MiB (HOST_SHAPE), not the native warmer's 8 x 8 MiB: on the AVX-512 VM's
     disk 2 x 2 MiB read at 1.8-2.0 GiB/s against 0.9-1.35, a 4 KiB read beside them waited 5 ms
     (p90) against 28-54, and CRIU's phase of a cold container restore took 0.37 s against 0.86
-    (bench-overlap.jsonl). ``early_after_start``: the early reader too waits for docker's start call
-    to return (with ``after_start``, no read of the warmer's is then beside docker's create and
-    start, whose writes wait behind reads on the disk). ``criu_runs``: also ask, at the create call, for what CRIU
+    (bench-overlap.jsonl). ``criu_runs``: also ask, at the create call, for what CRIU
     itself reads before the restored tree runs (pipeline.restore.ReadAhead: the heads of the image's
     ELF files it checks, ~100 MiB of page runs); off by default: it gained nothing there
     (bench-criu-runs), the entrypoint's own read-ahead asks for the same at its restore call."""
@@ -214,10 +212,8 @@ class HostWarm:
     def __init__(self, snapshot: Path, layers: list[Path] | None = None, *, after_start: bool = False,
                  threads: int | None = HOST_SHAPE[0], chunk: int | None = HOST_SHAPE[1], method: str | None = None,
                  io_class: str | None = None, criu_runs: bool = False,
-                 early: bool = True, early_criu: bool = False, bulk: str = "profile", wait_early: bool = False,
-                 early_after_start: bool = False):
+                 early: bool = True, early_criu: bool = False, bulk: str = "profile", wait_early: bool = False):
         self.ahead = None
-        self._early_after = threading.Event() if early_after_start else None
         remap = None
         if layers:
             from coldstart.containers.docker_api import layer_remap
@@ -255,8 +251,6 @@ class HostWarm:
             self.gate.set()
 
     def _read_early(self, snapshot: Path, remap) -> None:
-        if self._early_after is not None:
-            self._early_after.wait()
         t0 = time.monotonic()
         n = files = 0
         try:
@@ -311,8 +305,6 @@ class HostWarm:
         early files are read)."""
         if self._started is not None:
             self._started.set()
-        if self._early_after is not None:
-            self._early_after.set()
         self._open_gate()
 
     def wait(self, timeout: float | None = None) -> WarmStats | None:
@@ -323,8 +315,6 @@ class HostWarm:
 
     def cancel(self) -> None:
         self._cancelled = True
-        if self._early_after is not None:
-            self._early_after.set()
         if self.gate is not None:
             self.gate.set()
         if self.warmer is not None:
