@@ -123,3 +123,15 @@ def test_a_node_with_only_the_snapshot_cold_is_held_to_its_own_bound():
     assert "| tiny | cold-snapshot | 1.00 | 0.25 | 0.25 | 1.00 | 1.00 | 1.10 | **1.10x** | 1.40 |" in t
     assert "| tiny | restore+hostwarm (cold-snapshot) | 1.00 (1.00-1.00) | 0.12 | 1.00 | 1.10 | **1.10x** |" in t
     assert "| tiny | **lost** (cold-snapshot) | +0.100 |" in t
+
+
+def test_an_unknown_cache_state_or_method_is_refused_before_any_work():
+    from typer.testing import CliRunner
+
+    from coldstart.cli import app
+
+    for opt, bad in (("--caches", "warm,bogus"), ("--methods", "restore,nope")):
+        r = CliRunner().invoke(app, ["bench", "container", opt, bad, "--host", "unix:///nonexistent.sock"],
+                               env={"COLUMNS": "200"})
+        assert r.exit_code == 2
+        assert f"Invalid value for {opt}" in r.output and "choose from" in r.output

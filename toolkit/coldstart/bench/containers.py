@@ -10,6 +10,7 @@ cache first (the snapshot, the image's files, the model); the methods' order tur
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
@@ -103,14 +104,23 @@ def one_start(c, image: str, method: str, model: Path, snap: Path, layers: list[
         if decoy is None:
             raise ValueError("restore+load needs a decoy (make_decoy)")
         warmer = run.host_warm(decoy, layers, **(host_warm or {}))
-    if method == "naive":
-        ctr = run.create_naive(c, image, model, port)
-    elif method.startswith("entry"):
-        ctr = run.create_restore(c, image, snap, model, port, entrypoint=["python", "-c", ENTRY_PROBE],
-                                 host_warms=method == "entry+hostwarm")
-    else:
-        ctr = run.create_restore(c, image, snap, model, port, env={**(env or {}), "COLDSTART_T0": repr(wall0)},
-                                 host_warms=method == "restore+hostwarm")
+    # named before the create call: a benchmark stopped during that call (^C, SIGTERM) still removes it
+    name = f"coldstart-bench-{os.getpid()}-{next(_SEQ)}"
+    try:
+        if method == "naive":
+            ctr = run.create_naive(c, image, model, port, name=name)
+        elif method.startswith("entry"):
+            ctr = run.create_restore(c, image, snap, model, port, name=name, entrypoint=["python", "-c", ENTRY_PROBE],
+                                     host_warms=method == "entry+hostwarm")
+        else:
+            ctr = run.create_restore(c, image, snap, model, port, name=name,
+                                     env={**(env or {}), "COLDSTART_T0": repr(wall0)},
+                                     host_warms=method == "restore+hostwarm")
+    except BaseException:
+        _remove_named(c, name)
+        if warmer is not None:
+            warmer.cancel()
+        raise
     row: dict = {"created_s": round(time.monotonic() - t0, 3)}
     try:
         ctr.start()
@@ -144,6 +154,18 @@ def one_start(c, image: str, method: str, model: Path, snap: Path, layers: list[
                                 **(warmer.ahead.result() if warmer.ahead is not None else {})}
         ctr.remove(force=True)
     return row
+
+
+_SEQ = itertools.count()
+
+
+def _remove_named(c, name: str) -> None:
+    """Remove the container ``name`` if docker made it (a create call interrupted midway); best
+    effort, on the way out of an error that is the one to report."""
+    try:
+        c.containers.get(name).remove(force=True)
+    except Exception:  # noqa: BLE001 - NotFound (never made), or the daemon gone too
+        pass
 
 
 def _entry_times(ctr, wall0: float) -> dict:
@@ -341,7 +363,9 @@ def run_bench(c, image: str, cases: list[tuple[str, Path, Path]], *, reps: int, 
     return rows
 
 
-COLD_CACHES = ("cold", "cold-snapshot")  # run_bench's cache states that start with something to read
+CACHES = ("warm", "cold", "cold-snapshot")  # run_bench's page-cache states
+COLD_CACHES = CACHES[1:]  # those that start with something to read
+METHODS = ("naive", "restore", "restore+hostwarm", "restore+load", "entry", "entry+hostwarm")
 
 
 def _fmt(x: float | None, digits: int = 2) -> str:

@@ -191,9 +191,14 @@ def bench_container(
     from coldstart.fsutil import write_results
 
     say = lambda m: typer.echo(m, err=True)  # noqa: E731
+    split = lambda v: [x.strip() for x in v.split(",") if x.strip()]  # noqa: E731
+    for opt, given, known in (("--caches", caches, cbench.CACHES), ("--methods", methods, cbench.METHODS)):
+        bad = [x for x in split(given) if x not in known]
+        if bad or not split(given):
+            raise typer.BadParameter(f"{', '.join(map(repr, bad)) or 'none given'}: choose from {', '.join(known)}",
+                                     param_hint=opt)
     c = docker_api.client(host)
     img = image.app_image(c, Path(__file__).resolve().parents[3], say=say)
-    split = lambda v: [x.strip() for x in v.split(",") if x.strip()]  # noqa: E731
     cases = [(cbench.case_label(size, layout), *cbench.snapshot_in_container(c, img.tag, size, work, say, layout))
              for size in split(sizes) for layout in split(layouts)]
     with hostwatch.kept_if(keep_memory, say=say):

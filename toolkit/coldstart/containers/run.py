@@ -429,7 +429,7 @@ def host_warm(snapshot: Path, layers: list[Path] | None = None, **shape) -> Host
 
 
 def create_naive(c, image: str, model: Path, host_port: int, kv_cache_bytes: int = 256 << 20,
-                 extra: list[str] | None = None):
+                 extra: list[str] | None = None, name: str | None = None):
     """The naive start a user would write: vLLM's OpenAI server in the runtime image, docker's default
     security, the model mounted read-only, the same network and port publishing as a restore.
     ``extra``: more vLLM arguments (e.g. ``--enforce-eager``, the flag our servers run with)."""
@@ -439,7 +439,7 @@ def create_naive(c, image: str, model: Path, host_port: int, kv_cache_bytes: int
     return c.containers.create(image, ["-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                                        "--host", "0.0.0.0", "--port", str(CONTAINER_PORT), "--seed", "0",
                                        "--kv-cache-memory-bytes", str(kv_cache_bytes), *(extra or [])],
-                               entrypoint=["python3"], shm_size=SHM_SIZE, network=docker_api.ensure_network(c),
+                               entrypoint=["python3"], name=name, shm_size=SHM_SIZE, network=docker_api.ensure_network(c),
                                ports={f"{CONTAINER_PORT}/tcp": ("127.0.0.1", host_port)},
                                volumes={str(model): {"bind": str(model), "mode": "ro"}},
                                runtime=docker_api.oci_runtime(c))
