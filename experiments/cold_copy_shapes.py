@@ -10,7 +10,9 @@ Arena: released (as after a sleep), +touched (every page faulted in before the c
 the faults cost), +thp (released, then MADV_HUGEPAGE: 2 MiB faults). Reads: buffered (2 readers,
 own ranges), O_DIRECT as the loader's default (8 readers, own ranges, 16 MiB pieces, 1 MiB reads)
 and from one shared queue of pieces in file order (the worker's copy); fio's O_DIRECT at 16 reads
-in flight and with 8 jobs in the same rotation, for the device.
+in flight and with 8 jobs in the same rotation, for the device. The map reload's read for
+comparison: the file mapped over the released arena and populated (MADV_POPULATE_READ) in 4 or 8
+threads, with and without its MADV_WILLNEED first (results/spot-checks/read-shapes-intel).
 """
 from __future__ import annotations
 
@@ -38,6 +40,11 @@ VARIANTS = {
     "buffered-t2-ranges+thp": dict(direct=False, arena="thp"),
     "fio-odirect-qd16-1M": dict(fio="--direct=1 --bs=1M --ioengine=io_uring --iodepth=16"),
     "fio-odirect-8jobs-1M": dict(fio="--direct=1 --bs=1M --ioengine=psync", jobs=8),
+    "fio-odirect-4jobs-1M": dict(fio="--direct=1 --bs=1M --ioengine=psync", jobs=4),
+    "fio-buffered-4jobs-1M": dict(fio="--direct=0 --bs=1M --ioengine=psync", jobs=4),
+    "map-populate-t4": dict(map=dict(threads=4)),
+    "map-populate-t8": dict(map=dict(threads=8)),
+    "map-populate-t4-nowillneed": dict(map=dict(threads=4, willneed=False)),
 }
 
 
@@ -88,6 +95,12 @@ def main(flat: Path, rounds: int) -> None:
                 print(f"{r} {name:28s} {dt:.3f} s {size / dt / 2**30:.2f} GiB/s", flush=True)
                 continue
             c0, t0 = cpu_s(), time.perf_counter()
+            if "map" in kw:
+                arena.map_file(index, **kw["map"])
+                dt, dc = time.perf_counter() - t0, cpu_s() - c0
+                got[name].append((dt, dc))
+                print(f"{r} {name:28s} {dt:.3f} s {size / dt / 2**30:.2f} GiB/s cpu {dc:.2f} s", flush=True)
+                continue
             st = load_into(index, named, **kw)
             dt, dc = time.perf_counter() - t0, cpu_s() - c0
             got[name].append((dt, dc))

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import typer
 
+from coldstart.bench import host as hostwatch
 from coldstart.bench.warm import host_cpu_busy_s
 from coldstart.engine.launcher import free_port
 from coldstart.pipeline.events import PHASES, EventName
@@ -239,6 +240,7 @@ def bench_reload(
                                 + " (copy-odirect / copy-buffered: a copy reload forced to O_DIRECT / the page cache; "
                                 "map-serial: a map that packs after its populate, the read timed alone; "
                                 "auto-repack: auto without the packed refill)"),
+    keep_memory: bool = typer.Option(False, "--keep-memory", help=hostwatch.KEEP_MEMORY_HELP),
 ) -> None:
     """Weight reload step alone: vLLM's stock reload_weights vs ours (copy through the loader, and the
     flat file mapped over the weight arena), warm and cold page cache."""
@@ -252,95 +254,97 @@ def bench_reload(
     model = _model(size)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    eng, c, canary, flat_dir = served_with_flat(model, work)
-    rows: list[dict] = []
-    try:
-        # the packed handles' buffers beside it: what auto reads back instead of packing again
-        dumped = c.collective_rpc("coldstart_dump_packed", kwargs={"path": str(flat_dir)})
-        print(json.dumps({"dump_packed": dumped}), file=sys.stderr, flush=True)
-        # how this device reads cold files faster, measured now (nothing maps the flat file yet): the
-        # record every cold copy below reads by (weights.readshape)
-        shape = readshape.probe_and_save(flat_dir)
-        rows.append({"bench": "reload", "model": size, "method": "read-shape", "cache": "cold", "rep": -1,
-                     "seconds": 0.0, "bytes": 0, "detail": dataclasses.asdict(shape)})
-        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-        # the flat file and the packed dump beside it: evicted and pre-read together
-        flat_files = [flat_dir / "weights.flat", *sorted(flat_dir.glob("packed-*/weights.flat"))]
-        st_files = sorted(model.glob("*.safetensors"))
-        nbytes = {m: flat_files[0].stat().st_size for m in chosen}
-        nbytes["stock"] = sum(p.stat().st_size for p in st_files)
+    with hostwatch.kept_if(keep_memory, say=lambda m: print(m, file=sys.stderr, flush=True)):
+        eng, c, canary, flat_dir = served_with_flat(model, work)
+        rows: list[dict] = []
+        try:
+            # the packed handles' buffers beside it: what auto reads back instead of packing again
+            dumped = c.collective_rpc("coldstart_dump_packed", kwargs={"path": str(flat_dir)})
+            print(json.dumps({"dump_packed": dumped}), file=sys.stderr, flush=True)
+            # how this device reads cold files faster, measured now (nothing maps the flat file yet): the
+            # record every cold copy below reads by (weights.readshape)
+            shape = readshape.probe_and_save(flat_dir)
+            rows.append({"bench": "reload", "model": size, "method": "read-shape", "cache": "cold", "rep": -1,
+                         "seconds": 0.0, "bytes": 0, "detail": dataclasses.asdict(shape)})
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+            # the flat file and the packed dump beside it: evicted and pre-read together
+            flat_files = [flat_dir / "weights.flat", *sorted(flat_dir.glob("packed-*/weights.flat"))]
+            st_files = sorted(model.glob("*.safetensors"))
+            nbytes = {m: flat_files[0].stat().st_size for m in chosen}
+            nbytes["stock"] = sum(p.stat().st_size for p in st_files)
 
-        def probe(when: str, rep: int, path: Path) -> None:
-            """The device's own limit, in the same run, on a file no process maps (a mapped page
-            cannot be evicted): the fio shapes that won `coldstart bench load`'s grid on our hosts
-            (buffered 4 x 1 MiB on the AMD Zen 3 host, results/bench-load-avx2), and O_DIRECT with 8
-            reads in flight (that host's disk: 1.54 GiB/s median against 0.78 with 4,
-            results/spot-checks/read-shapes-avx2)."""
-            for direct, jobs, bs, what in ((0, 4, 16 << 20, "buffered, 4 jobs, 16 MiB reads"),
-                                           (0, 4, 1 << 20, "buffered, 4 jobs, 1 MiB reads"),
-                                           (1, 4, 1 << 20, "O_DIRECT, 4 jobs, 1 MiB reads"),
-                                           (1, 8, 1 << 20, "O_DIRECT, 8 jobs, 1 MiB reads")):
-                evict_all([path])
-                resident = resident_fraction([path])
-                nb, secs = fio_run(path, direct, jobs, bs)
-                row = {"bench": "reload", "model": size, "method": "device", "cache": "cold", "rep": rep,
-                       "when": when, "resident_before": round(resident, 4), "seconds": round(secs, 6),
-                       "bytes": nb, "detail": {"fio": what, "file": path.name}}
-                rows.append(row)
-                print(json.dumps(row), file=sys.stderr, flush=True)
-        for rep in range(reps):
-            for cache in ("warm", "cold"):
-                for method in chosen:
-                    files = st_files if method == "stock" else flat_files
-                    c.sleep(level=2)
-                    c.wake_up(["weights"])
-                    if cache == "cold" and method == chosen[0]:
-                        probe("before", rep, flat_files[0])
-                    if cache == "cold":
-                        evict_all(files)
-                    else:
-                        _read(files)
-                    resident = resident_fraction(files)
-                    busy0 = host_cpu_busy_s()
-                    t = time.perf_counter()
-                    if method == "stock":
-                        res = c.collective_rpc("reload_weights")
-                    else:
-                        res = c.collective_rpc("coldstart_reload", kwargs={"path": str(flat_dir), **RELOAD_KW[method]})
-                    wall = time.perf_counter() - t
-                    busy = host_cpu_busy_s() - busy0
-                    c.wake_up(["kv_cache"])
-                    r0 = res[0] if res and isinstance(res[0], dict) else {}
-                    worker_s = r0.get("seconds_rpc")
-                    t = time.perf_counter()
-                    ok = c.complete("The capital of France is", max_tokens=8).token_ids == canary
-                    canary_s = time.perf_counter() - t
-                    row = {"bench": "reload", "model": size, "method": method, "cache": cache, "rep": rep,
-                           "resident_before": round(resident, 4),
-                           "seconds": worker_s if worker_s is not None else wall, "wall_seconds": round(wall, 6),
-                           "bytes": r0.get("bytes_read", nbytes[method]), "canary_ok": ok,
-                           "canary_s": round(canary_s, 6),
-                           "host_cpu_busy_s": round(busy, 3),  # every process and the kernel, over the step
-                           "detail": {k: v for k, v in r0.items() if k in (
-                               "mode", "map_s", "populate_s", "copied_tensors", "threads", "read_s", "o_direct",
-                               "direct_choice", "auto_choice", "reader_cpus", "prepack_s", "prepacked_linears",
-                               "prepack_overlapped", "prepack_waited_s", "packed_refilled", "packed_bytes",
-                               "packed_read_s", "packed_refused")}}
+            def probe(when: str, rep: int, path: Path) -> None:
+                """The device's own limit, in the same run, on a file no process maps (a mapped page
+                cannot be evicted): the fio shapes that won `coldstart bench load`'s grid on our hosts
+                (buffered 4 x 1 MiB on the AMD Zen 3 host, results/bench-load-avx2), and O_DIRECT with 8
+                reads in flight (that host's disk: 1.54 GiB/s median against 0.78 with 4,
+                results/spot-checks/read-shapes-avx2)."""
+                for direct, jobs, bs, what in ((0, 4, 16 << 20, "buffered, 4 jobs, 16 MiB reads"),
+                                               (0, 4, 1 << 20, "buffered, 4 jobs, 1 MiB reads"),
+                                               (1, 4, 1 << 20, "O_DIRECT, 4 jobs, 1 MiB reads"),
+                                               (1, 8, 1 << 20, "O_DIRECT, 8 jobs, 1 MiB reads")):
+                    evict_all([path])
+                    resident = resident_fraction([path])
+                    nb, secs = fio_run(path, direct, jobs, bs)
+                    row = {"bench": "reload", "model": size, "method": "device", "cache": "cold", "rep": rep,
+                           "when": when, "resident_before": round(resident, 4), "seconds": round(secs, 6),
+                           "bytes": nb, "detail": {"fio": what, "file": path.name}}
                     rows.append(row)
                     print(json.dumps(row), file=sys.stderr, flush=True)
-                    if method == "stock" and len(chosen) > 1:
-                        # untimed: back to handles packed from the flat dump, the state a restored
-                        # server reloads from (vLLM's reload packed them from the safetensors)
+            for rep in range(reps):
+                for cache in ("warm", "cold"):
+                    for method in chosen:
+                        files = st_files if method == "stock" else flat_files
                         c.sleep(level=2)
                         c.wake_up(["weights"])
-                        c.collective_rpc("coldstart_reload", kwargs={"path": str(flat_dir), "packed": False})
+                        if cache == "cold" and method == chosen[0]:
+                            probe("before", rep, flat_files[0])
+                        if cache == "cold":
+                            evict_all(files)
+                        else:
+                            _read(files)
+                        resident = resident_fraction(files)
+                        busy0 = host_cpu_busy_s()
+                        t = time.perf_counter()
+                        if method == "stock":
+                            res = c.collective_rpc("reload_weights")
+                        else:
+                            res = c.collective_rpc("coldstart_reload",
+                                                   kwargs={"path": str(flat_dir), **RELOAD_KW[method]})
+                        wall = time.perf_counter() - t
+                        busy = host_cpu_busy_s() - busy0
                         c.wake_up(["kv_cache"])
-                    if cache == "cold" and method == DEFAULT_RELOAD:
-                        # and right after the default's cold reload (the disk's speed moves from one
-                        # minute to the next): the model's safetensors, since the worker now maps the flat file
-                        probe("after", rep, st_files[0])
-    finally:
-        eng.stop()
+                        r0 = res[0] if res and isinstance(res[0], dict) else {}
+                        worker_s = r0.get("seconds_rpc")
+                        t = time.perf_counter()
+                        ok = c.complete("The capital of France is", max_tokens=8).token_ids == canary
+                        canary_s = time.perf_counter() - t
+                        row = {"bench": "reload", "model": size, "method": method, "cache": cache, "rep": rep,
+                               "resident_before": round(resident, 4),
+                               "seconds": worker_s if worker_s is not None else wall, "wall_seconds": round(wall, 6),
+                               "bytes": r0.get("bytes_read", nbytes[method]), "canary_ok": ok,
+                               "canary_s": round(canary_s, 6),
+                               "host_cpu_busy_s": round(busy, 3),  # every process and the kernel, over the step
+                               "detail": {k: v for k, v in r0.items() if k in (
+                                   "mode", "map_s", "populate_s", "copied_tensors", "threads", "read_s", "o_direct",
+                                   "direct_choice", "auto_choice", "reader_cpus", "prepack_s", "prepacked_linears",
+                                   "prepack_overlapped", "prepack_waited_s", "packed_refilled", "packed_bytes",
+                                   "packed_read_s", "packed_refused")}}
+                        rows.append(row)
+                        print(json.dumps(row), file=sys.stderr, flush=True)
+                        if method == "stock" and len(chosen) > 1:
+                            # untimed: back to handles packed from the flat dump, the state a restored
+                            # server reloads from (vLLM's reload packed them from the safetensors)
+                            c.sleep(level=2)
+                            c.wake_up(["weights"])
+                            c.collective_rpc("coldstart_reload", kwargs={"path": str(flat_dir), "packed": False})
+                            c.wake_up(["kv_cache"])
+                        if cache == "cold" and method == DEFAULT_RELOAD:
+                            # and right after the default's cold reload (the disk's speed moves from one
+                            # minute to the next): the model's safetensors, since the worker now maps the flat file
+                            probe("after", rep, st_files[0])
+        finally:
+            eng.stop()
     lines = reload_table(rows, size, chosen)
     _write(out, rows, "\n".join(lines) + "\n", ["coldstart", "bench", "reload", *sys.argv[3:]])
     print("\n".join(lines))
