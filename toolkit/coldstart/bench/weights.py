@@ -40,6 +40,7 @@ from typing import Any, Callable, Optional
 
 import typer
 
+from coldstart.bench import host as hostwatch
 from coldstart.bench.host import cpu_kind
 from coldstart.errors import ColdstartError
 from coldstart.models.tiny import model_dir as made_model_dir
@@ -1121,6 +1122,7 @@ def bench_load_command(
     seed: int = typer.Option(0, "--seed", help="seed of the shuffled order"),
     work_dir: Optional[Path] = typer.Option(None, "--work-dir",
                                             help="where the flat dump and tensorizer file are cached [default: $COLDSTART_CACHE/bench-load/...]"),
+    keep_memory: bool = typer.Option(False, "--keep-memory", help=hostwatch.KEEP_MEMORY_HELP),
 ) -> None:
     """Our loader vs the measured storage limit, safetensors and peers; cold and warm, side by side."""
     from rich.console import Console
@@ -1145,6 +1147,7 @@ def bench_load_command(
         def on_progress(done: int, total: int, what: str) -> None:
             prog.update(task, completed=done, total=total, description=what)
 
-        summary = run_bench(cfg, on_progress, log=lambda s: console.print(s))
+        with hostwatch.kept_if(keep_memory, say=lambda s: console.print(s)):
+            summary = run_bench(cfg, on_progress, log=lambda s: console.print(s))
     Console().print(Markdown(summary.table_md))
     console.print(f"[green]wrote[/] {cfg.out}/raw.jsonl, table.md, COMMAND, host.json")
