@@ -340,16 +340,15 @@ def run_bench(c, image: str, cases: list[tuple[str, Path, Path]], *, reps: int, 
                     if cache == "cold":
                         probe0 = disk_probe(snap)
                         drop_caches()
-                    elif cache == "cold-snapshot":
+                    elif cache == "cold-snapshot" or method in ("restore", "restore+load"):
+                        # one unmeasured restore first: the cache a warm restore finds, or (cold-snapshot)
+                        # docker, the image and the node dir as a restore leaves them, the snapshot evicted
                         rows.append({"size": size, "method": "prewarm", "cache": cache, "rep": rep,
                                      **one_start(c, image, "restore", model, snap, layers)})
                         say(json.dumps(rows[-1]))
-                        probe0 = disk_probe(snap)
-                        evict_all([snap])
-                    elif method in ("restore", "restore+load"):
-                        rows.append({"size": size, "method": "prewarm", "cache": cache, "rep": rep,
-                                     **one_start(c, image, "restore", model, snap, layers)})
-                        say(json.dumps(rows[-1]))
+                        if cache == "cold-snapshot":
+                            probe0 = disk_probe(snap)
+                            evict_all([snap])
                     elif method == "entry":  # warm: the image's files as a restore just left them
                         one_start(c, image, "entry", model, snap, layers)
                     if method == "restore+load":
