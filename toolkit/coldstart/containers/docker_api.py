@@ -7,6 +7,7 @@ $COLDSTART_DOCKER_HOST, else $DOCKER_HOST, else the socket scripts/start-docker 
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Iterable
@@ -210,15 +211,25 @@ def layer_remap(layers: list[Path]):
     """A function from a path inside a container of the image to the layer file that provides it
     (the top-most layer holding it as a regular file). A path no layer holds so (a volume, a
     symlink) maps to a path that does not exist: the warmer skips it rather than read the host's
-    own file of that name."""
+    own file of that name. One lstat per layer tried, on strings: the host warmer maps ~900 paths
+    this way while docker starts the container, on the same two cores."""
+    roots = [str(d) for d in layers]
     cache: dict[Path, Path] = {}
 
     def remap(p: Path) -> Path:
         got = cache.get(p)
         if got is None:
             rel = str(p).lstrip("/")
-            got = next((d / rel for d in layers if (d / rel).is_file() and not (d / rel).is_symlink()),
-                       Path("/nonexistent-in-image-layers") / rel)
+            for root in roots:
+                q = f"{root}/{rel}"
+                try:
+                    if stat.S_ISREG(os.lstat(q).st_mode):
+                        got = Path(q)
+                        break
+                except OSError:
+                    continue
+            else:
+                got = Path("/nonexistent-in-image-layers") / rel
             cache[p] = got
         return got
 
