@@ -4,11 +4,13 @@ token sooner? Before its first read the host warmer works out what to read: the 
 0.3 MB profile): 0.15-0.3 s of Python on each of two threads while docker starts the container on
 the same two cores, the disk nearly idle meanwhile. From the second container of a (snapshot, image)
 pair on, the node keeps both.
+Runs against the code of c100670 only (containers.run.HostPlans, removed after: no gain,
+results/spot-checks/host-plans-kept/README.md).
 
 Cold page cache (the whole cache dropped before each start), restore + host warming, interleaved:
 "made" (the node's kept plans removed first: the warmer makes them, as before) and "kept". One
-unmeasured restore first (records the node's profile if there is none), then one unmeasured host
-warm start (keeps the plans).
+unmeasured restore first if the node has no profile of the snapshot (the first on the node: it
+records one), then one unmeasured host warm start (keeps the plans).
 
     PYTHONPATH=toolkit .venv/bin/python experiments/host_plans_kept.py --sizes bench,tiny --reps 6 \\
         --out results/spot-checks/host-plans-kept/raw.jsonl
@@ -20,7 +22,7 @@ import json
 import shutil
 from pathlib import Path
 
-from coldstart.bench.containers import bench_case, one_start
+from coldstart.bench.containers import bench_case, new_to_node, one_start
 from coldstart.state import node_dir
 from coldstart.warm.residency import drop_caches
 from coldstart.warm.snapshot import node_profile
@@ -38,8 +40,11 @@ def main() -> None:
         for size in a.sizes.split(","):
             case = bench_case(size, a.work)
             prof = node_profile(case.snap)
-            if prof is None or not prof.exists():
+            if prof is None or not prof.exists():  # (a snapshot just checkpointed is all cached: it records nothing)
+                new_to_node(case.snap)
                 one_start(case.client, case.image, "restore", case.model, case.snap, case.layers)
+            if prof is None or not prof.exists():
+                raise SystemExit(f"{case.snap}: the first restore on this node recorded no profile")
             one_start(case.client, case.image, "restore+hostwarm", case.model, case.snap, case.layers)
             for rep in range(a.reps):
                 for variant in (("made", "kept") if rep % 2 == 0 else ("kept", "made")):

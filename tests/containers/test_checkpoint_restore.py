@@ -168,44 +168,6 @@ def test_host_warms_the_restores_helpers_and_the_snapshots_metadata_first(docker
     w.wait(120)
     assert w.error is None and w.early["files"] >= len(listed) and w.early["bytes"] > 10 << 20, w.early
     assert w.stats is not None and w.stats.bytes > 0
-    # the next container of the pair: the node kept the list and the plan, and they read the same
-    again = run.HostWarm(container_snapshot, layers)
-    again.wait(120)
-    assert again.error is None and again.plan_kept is True and again.early["kept_list"] is True, again.early
-    assert (again.early["files"], again.early["bytes"]) == (w.early["files"], w.early["bytes"])
-    assert again.stats.planned == w.stats.planned and again.stats.bytes == w.stats.bytes
-
-
-def test_the_host_warmers_kept_plan_is_used_only_while_what_it_was_made_from_holds(tmp_path, monkeypatch):
-    """HostPlans: a kept list and plan come back as they were kept, for the same snapshot, image
-    layers and chunk size; another chunk size, another image, a snapshot whose id changed, or an
-    unreadable file: none (the warmer makes them again), never an error."""
-    from coldstart.warm.base import make_plan
-
-    monkeypatch.setenv("COLDSTART_NODE_DIR", str(tmp_path / "node"))
-    snap = tmp_path / "snap"
-    (snap / "criu").mkdir(parents=True)
-    (snap / "manifest.json").write_text(json.dumps({"model_digest": "a" * 64, "created_at": "t1"}))
-    (snap / "criu" / "pages-1.img").write_bytes(b"p" * 5000)
-    layer = tmp_path / "layer"
-    layer.mkdir()
-    assert run.HostPlans(snap, [layer], 4096).plan() is None and run.HostPlans(snap, [layer], 4096).early() is None
-    plan = make_plan([snap / "criu"], chunk=4096)
-    kept = run.HostPlans(snap, [layer], 4096)
-    kept.keep_plan(plan)
-    kept.keep_early([snap / "manifest.json", layer / "lib.so"])
-    assert run.HostPlans(snap, [layer], 4096).plan() == plan
-    assert run.HostPlans(snap, [layer], 4096).early() == [snap / "manifest.json", layer / "lib.so"]
-    assert run.HostPlans(snap, [layer], 8192).plan() is None  # another chunk size
-    assert run.HostPlans(snap, [tmp_path / "other-layer"], 4096).plan() is None  # another image
-    (snap / "manifest.json").write_text(json.dumps({"model_digest": "a" * 64, "created_at": "t2"}))
-    assert run.HostPlans(snap, [layer], 4096).plan() is None  # the snapshot's id changed
-    kept = run.HostPlans(snap, [layer], 4096)
-    kept.keep_plan(plan)
-    assert run.HostPlans(snap, [layer], 4096).plan() == plan
-    for f in (tmp_path / "node" / "host-plans").glob("*.plan.json"):
-        f.write_text(f.read_text()[:100])  # cut short
-    assert run.HostPlans(snap, [layer], 4096).plan() is None
 
 
 def test_the_entry_probe_times_the_entrypoints_start_in_the_restores_container(docker_client, app_image,

@@ -295,19 +295,6 @@ def test_profile_recorded_on_one_run_is_used_by_the_next(warm_dir):
     os.unlink(prof_path)
 
 
-def test_a_plan_kept_as_json_warms_what_it_planned_in_its_order(warm_dir):
-    """Plan.to_dict / from_dict (the host warmer keeps its plan in the node dir, containers.run.HostPlans):
-    the plan comes back equal, and a warmer given it issues its ranges in its order."""
-    from coldstart.warm.base import Plan, make_plan
-
-    plan = make_plan([warm_dir / "criu", warm_dir / "weights.flat", warm_dir / "missing.img"], chunk=8 * MiB)
-    again = Plan.from_dict(json.loads(json.dumps(plan.to_dict())))
-    assert again == plan and again.errors and again.ranges
-    w = start_warming([warm_dir / "criu"], mode="native", threads=1, profile="off", plan=again)
-    w.wait()
-    assert w.issued() == plan.ranges
-
-
 @retry_on_external_drop
 def test_profile_leaves_out_what_the_digest_check_reads(warm_dir):
     """The first restore on a node checks every file's digests while it records the profile: from

@@ -20,7 +20,6 @@ passed. Each replica has its own network namespace: any number of one snapshot r
 """
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -41,7 +40,7 @@ from coldstart.state import node_dir
 from coldstart.warm import native as _native
 from coldstart.warm import snapshot as _snapshot
 from coldstart.warm import start_warming
-from coldstart.warm.base import Plan, WarmStats, early_ranges
+from coldstart.warm.base import WarmStats, early_ranges
 from coldstart.warm.profile import load_profile
 from coldstart.warm.residency import exact_pipe, read_into_cache
 
@@ -216,7 +215,6 @@ class HostWarm:
                  early: bool = True, early_criu: bool = False, bulk: str = "profile", wait_early: bool = False):
         self.ahead = None
         remap = None
-        self._layers = list(layers or [])
         if layers:
             from coldstart.containers.docker_api import layer_remap
 
@@ -232,7 +230,6 @@ class HostWarm:
                                          ("io_class", io_class)) if v}
         self.stats: WarmStats | None = None
         self.early: dict | None = None
-        self.plan_kept: bool | None = None  # the bulk reader's plan was the node's kept one (HostPlans)
         self.error: str | None = None
         self._cancelled = False
         self._early_t = None
@@ -256,14 +253,8 @@ class HostWarm:
     def _read_early(self, snapshot: Path, remap) -> None:
         t0 = time.monotonic()
         n = files = 0
-        kept = HostPlans(snapshot, self._layers, self._shape.get("chunk"))
-        made, listed = False, None
         try:
-            listed = kept.early()
-            made = listed is None
-            if made:
-                listed = early_files(snapshot, remap)
-            for p in listed:
+            for p in early_files(snapshot, remap):
                 if self._cancelled:
                     break
                 try:
@@ -278,11 +269,9 @@ class HostWarm:
                                                if (snapshot / "criu" / "parent").is_dir() else []),
                                   lambda: self._cancelled)
         finally:
-            self.early = {"files": files, "bytes": n, "seconds": round(time.monotonic() - t0, 3), "kept_list": not made}
+            self.early = {"files": files, "bytes": n, "seconds": round(time.monotonic() - t0, 3)}
             self._early_done.set()
             self._open_gate()
-        if made and listed is not None:  # after the reads: its write is not among the reads the restore waits for
-            kept.keep_early(listed)
 
     def _run(self, snapshot: Path, remap) -> None:
         t0 = time.monotonic()
@@ -294,17 +283,10 @@ class HostWarm:
             gate = {"gate": self.gate} if self.gate else {}
             st = None
             if self._bulk == "profile" or weights is None:
-                kept = HostPlans(snapshot, self._layers, self._shape.get("chunk"))
-                plan = kept.plan()
-                self.plan_kept = plan is not None
-                # a kept plan carries the profile's ranges: the profile is not read again
-                self.warmer = start_warming(warm_paths(snapshot, m), profile="auto" if plan is None else "off",
-                                            record="off", mapped=remap is not None,
-                                            rest="never" if remap is not None else "now", remap=remap,
-                                            **({"plan": plan} if plan is not None else {}), **gate, **self._shape)
+                self.warmer = start_warming(warm_paths(snapshot, m), profile="auto", record="off",
+                                            mapped=remap is not None, rest="never" if remap is not None else "now",
+                                            remap=remap, **gate, **self._shape)
                 st = self.warmer.wait()
-                if plan is None:
-                    kept.keep_plan(self.warmer.plan)
             # the weights whole, after the profile's ranges (or alone, with bulk="weights")
             if weights is not None and not self._cancelled and (st is None or st.profile_used):
                 self.warmer = start_warming([weights], profile="off", record="off", mapped=False, **gate, **self._shape)
@@ -337,77 +319,6 @@ class HostWarm:
             self.gate.set()
         if self.warmer is not None:
             self.warmer.cancel()
-
-
-class HostPlans:
-    """What the host warmer works out for a (snapshot, image) pair before its first read, kept in the
-    node dir for the next container of that pair: the early reader's list (early_files) and the bulk
-    reader's plan (warm.base.make_plan). Making them means ~870 files looked up through the image's
-    layers and a 0.3 MB profile parsed, 0.15-0.2 s of Python on each of two threads, while docker
-    starts the container on the same two cores; the disk sat nearly idle meanwhile. A kept one is
-    used only while what it was made from is unchanged (the stamp: the snapshot's id, the node's
-    profile file, the chunk size, the hot-first setting); the paths it names are immutable (a
-    snapshot, an image's layers), and one that is gone is skipped by the readers (the restore reads
-    it anyway). A missing or unreadable one is made again, never an error."""
-
-    VERSION = 1
-
-    def __init__(self, snapshot: Path, layers: list[Path], chunk: int | None):
-        import xxhash
-
-        snapshot = Path(snapshot).resolve()
-        key = xxhash.xxh3_64("\0".join([str(snapshot), *map(str, layers)]).encode()).hexdigest()
-        self._base = node_dir() / "host-plans" / key
-        self._snapshot, self._chunk = snapshot, chunk
-        self._stamp: dict | None = None
-
-    def stamp(self) -> dict:
-        if self._stamp is None:
-            from coldstart.criu.layout import HOT_FIRST_ENV
-            from coldstart.fsutil import identity
-            from coldstart.warm import snapshot_id
-
-            prof = _snapshot.node_profile(self._snapshot)
-            try:
-                prof_id = list(identity(os.stat(prof))) if prof is not None else None
-            except OSError:
-                prof_id = None
-            self._stamp = {"version": self.VERSION, "snapshot_id": snapshot_id(self._snapshot), "profile": prof_id,
-                           "chunk": self._chunk, "hot_first": os.environ.get(HOT_FIRST_ENV, "")}
-        return self._stamp
-
-    def _load(self, part: str):
-        try:
-            d = json.loads(Path(f"{self._base}.{part}.json").read_text())
-            return d[part] if d.get("stamp") == self.stamp() else None
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            return None
-
-    def _keep(self, part: str, data) -> None:
-        from coldstart.fsutil import write_atomic
-
-        try:
-            self._base.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(Path(f"{self._base}.{part}.json"), json.dumps({"stamp": self.stamp(), part: data}))
-        except OSError:
-            pass  # a read-only or full node dir: the next container makes its own again
-
-    def early(self) -> list[Path] | None:
-        got = self._load("early")
-        return [Path(p) for p in got] if isinstance(got, list) else None
-
-    def keep_early(self, files: list[Path]) -> None:
-        self._keep("early", [str(p) for p in files])
-
-    def plan(self) -> Plan | None:
-        got = self._load("plan")
-        try:
-            return Plan.from_dict(got) if got is not None else None
-        except (KeyError, IndexError, TypeError, ValueError):
-            return None
-
-    def keep_plan(self, plan: Plan) -> None:
-        self._keep("plan", plan.to_dict())
 
 
 def early_files(snapshot: Path, remap=None) -> list[Path]:

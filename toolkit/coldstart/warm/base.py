@@ -118,25 +118,6 @@ class Plan:
     profile_end: int = 0  # ranges[:profile_end] come from the profile, the rest is "the rest"
     mapped: list[Path] = field(default_factory=list)  # profile-only files (mapped libraries) being warmed
 
-    def to_dict(self) -> dict:
-        """JSON-ready, each path written once (a container restore's plan: ~2600 ranges in ~870 files)."""
-        paths = list(dict.fromkeys([*self.files, *self.errors, *(r.path for r in self.ranges), *self.mapped]))
-        ix = {p: i for i, p in enumerate(paths)}
-        return {"paths": [str(p) for p in paths], "files": [[ix[p], n] for p, n in self.files.items()],
-                "errors": [[ix[p], why] for p, why in self.errors.items()],
-                "ranges": [[ix[r.path], r.offset, r.length] for r in self.ranges],
-                "profile_used": self.profile_used, "profile_end": self.profile_end,
-                "mapped": [ix[p] for p in self.mapped]}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Plan":
-        """The inverse of to_dict; raises KeyError, IndexError, TypeError or ValueError on a bad one."""
-        paths = [Path(p) for p in d["paths"]]
-        return cls(ranges=[Range(paths[i], int(off), int(n)) for i, off, n in d["ranges"]],
-                   files={paths[i]: int(n) for i, n in d["files"]}, errors={paths[i]: str(w) for i, w in d["errors"]},
-                   profile_used=bool(d["profile_used"]), profile_end=int(d["profile_end"]),
-                   mapped=[paths[i] for i in d["mapped"]])
-
     @property
     def total(self) -> int:
         return sum(r.length for r in self.ranges)
@@ -300,13 +281,11 @@ class BaseWarmer:
     def __init__(self, paths: list[Path] | list[str], *, chunk: int, profile: Path | None = None,
                  order: list[Path] | None = None, progress: ProgressFn | None = None,
                  profile_only: list[Path] | None = None, rest: str = "now",
-                 remap: Callable[[Path], Path] | None = None, gate: threading.Event | None = None,
-                 plan: Plan | None = None):
+                 remap: Callable[[Path], Path] | None = None, gate: threading.Event | None = None):
         if rest not in ("now", "after", "never"):
             raise ValueError(f"rest={rest!r}: now | after | never")
-        # ``plan``: one made before (make_plan of the same arguments), e.g. kept by the node
-        self.plan = plan if plan is not None else make_plan(paths, chunk=chunk, profile=profile, order=order,
-                                                            profile_only=profile_only, remap=remap)
+        self.plan = make_plan(paths, chunk=chunk, profile=profile, order=order, profile_only=profile_only,
+                              remap=remap)
         self.progress = progress
         self._cancel = threading.Event()
         self._gate = gate

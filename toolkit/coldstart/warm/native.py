@@ -50,11 +50,11 @@ class NativeWarmer(BaseWarmer):
                  profile: Path | None = None, order: list[Path] | None = None,
                  progress: ProgressFn | None = None, profile_only: list[Path] | None = None,
                  rest: str = "now", remap=None, gate: threading.Event | None = None,
-                 io_class: str | None = None, plan=None):
+                 io_class: str | None = None):
         if method not in METHODS:
             raise ValueError(f"unknown native warming method {method!r} ({'|'.join(METHODS)})")
         super().__init__(paths, chunk=chunk, profile=profile, order=order, progress=progress,
-                         profile_only=profile_only, rest=rest, remap=remap, gate=gate, plan=plan)
+                         profile_only=profile_only, rest=rest, remap=remap, gate=gate)
         self.method = method
         self.io_class = io_class or default_io_class()
         self.chunk = chunk
