@@ -166,6 +166,18 @@ def reload_table(rows: list[dict], size: str, methods: tuple[str, ...] = METHODS
     return lines
 
 
+def _probes_of_kind(rows: list[dict], kind: str) -> dict[int, float]:
+    """Per round, the fastest fio shape whose name starts with ``kind`` ("buffered", "O_DIRECT"),
+    the mean of the round's probes (before it, after its default's cold reload), GiB/s."""
+    at: dict[int, dict[str, float]] = {}
+    for r in rows:
+        if r["method"] == "device" and r["seconds"] > 0 and r.get("detail", {}).get("fio", "").startswith(kind):
+            w = at.setdefault(r["rep"], {})
+            when = r.get("when", "before")
+            w[when] = max(w.get(when, 0.0), r["bytes"] / 2**30 / r["seconds"])
+    return {rep: statistics.mean(w.values()) for rep, w in at.items()}
+
+
 def _reload_bound(rows: list[dict], per_round: dict[int, float]) -> list[str]:
     """The default cold reload against the device probed in its own round and against the step's
     physical bound there: its bytes at that device speed, or the CPU-seconds the host spent during
@@ -203,6 +215,17 @@ def _reload_bound(rows: list[dict], per_round: dict[int, float]) -> list[str]:
                    f"packing included (median {statistics.median(warm):.3f} s), nor than the file at the device's "
                    f"speed ({disk_s:.3f} s at the median round): at best {floor:.3f} s, {disk_s / floor:.2f}× the "
                    f"device; the default's cold median is {statistics.median(cold) / floor:.2f}× that floor.")
+    kinds = {k: _probes_of_kind(rows, k) for k in ("buffered", "O_DIRECT")}
+    paired = [(r["bytes"] / 2**30 / r["seconds"], kinds["buffered"][r["rep"]], kinds["O_DIRECT"][r["rep"]])
+              for r in rows if r["cache"] == "cold" and r["method"] == "auto"
+              and r["rep"] in kinds["buffered"] and r["rep"] in kinds["O_DIRECT"]]
+    if paired:
+        out.append(f"Through the page cache, where a map reads: fio's fastest buffered shape in the same rounds, median "
+                   f"{statistics.median(b for _, b, _ in paired):.2f} GiB/s, its fastest O_DIRECT shape "
+                   f"{statistics.median(d for _, _, d in paired):.2f} GiB/s (O_DIRECT / buffered per round: median "
+                   f"{statistics.median(d / b for _, b, d in paired):.2f}). The default cold reload against the "
+                   f"page cache's rate in its round: median {statistics.median(o / b for o, b, _ in paired):.2f}× "
+                   f"(each: {', '.join(f'{o / b:.2f}' for o, b, _ in paired)}).")
     serial = [r["bytes"] / 2**30 / per_round[r["rep"]] / _read_part(r) for r in rows
               if r["cache"] == "cold" and r["method"] == "map-serial" and r["rep"] in per_round]
     if serial:
