@@ -14,7 +14,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from coldstart.bench.pipeline import _probes_of_kind
+from coldstart.bench.pipeline import device_probes
 
 
 def main() -> None:
@@ -23,10 +23,10 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for d in map(Path, sys.argv[1:]):
         rows = [json.loads(ln) for ln in (d / "raw.jsonl").read_text().splitlines() if ln.strip()]
-        buf, dio = _probes_of_kind(rows, "buffered"), _probes_of_kind(rows, "O_DIRECT")
+        buf, dio = device_probes(rows, "buffered"), device_probes(rows, "O_DIRECT")
         shapes = sorted({r["detail"]["fio"] for r in rows if r["method"] == "device"})
-        per_shape = {s: _probes_of_kind(rows, s) for s in shapes}
-        limit = _probes_of_kind(rows, "")  # the run's own device limit: every shape, the fastest, per round
+        per_shape = {s: device_probes(rows, s) for s in shapes}
+        limit = device_probes(rows, "")  # the run's own device limit: every shape, the fastest, per round
         ours = {r["rep"]: r["bytes"] / 2**30 / r["seconds"] for r in rows if r["cache"] == "cold" and r["method"] == "auto"}
         reps = [rep for rep in ours if rep in buf]
         vs_buf = [ours[rep] / buf[rep] for rep in reps]

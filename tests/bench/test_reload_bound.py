@@ -76,3 +76,23 @@ def test_the_table_says_how_the_device_was_probed_to_read_cold_copies() -> None:
                                   "bench", ("stock", "auto")))
     assert ("device 252:0 (vda) probed before the first round" in text and "first 128 MiB" in text
             and "O_DIRECT 0.81, 0.90 GiB/s, buffered 1.70, 1.50 GiB/s -> buffered" in text), text
+
+
+def test_the_page_cache_line_pairs_each_cold_reload_with_its_rounds_fastest_buffered_probe() -> None:
+    """A map reads through the page cache: the table states that path's rate (fio's fastest buffered
+    shape) beside O_DIRECT's, and the default cold reload against the first, per round."""
+    gib = 1 << 30
+
+    def dev(rep, when, fio, gib_s):
+        return {"method": "device", "cache": "cold", "rep": rep, "when": when, "bytes": gib, "seconds": 1 / gib_s,
+                "detail": {"fio": fio}}
+
+    rows = [{"cache": "cold", "method": "auto", "rep": 0, "bytes": gib, "seconds": 1.0, "wall_seconds": 1.0},
+            dev(0, "before", "buffered, 4 jobs, 1 MiB reads", 1.0), dev(0, "before", "buffered, 4 jobs, 16 MiB reads", 1.2),
+            dev(0, "before", "O_DIRECT, 4 jobs, 1 MiB reads", 1.5), dev(0, "after", "buffered, 4 jobs, 1 MiB reads", 0.8),
+            dev(0, "after", "O_DIRECT, 4 jobs, 1 MiB reads", 1.3)]
+    text = " ".join(_reload_bound(rows, {0: 1.4}))
+    # buffered: (1.2 + 0.8) / 2 = 1.0 GiB/s; O_DIRECT: (1.5 + 1.3) / 2 = 1.4; the reload read 1 GiB/s
+    assert "fastest buffered shape in the same rounds, median 1.00 GiB/s" in text
+    assert "fastest O_DIRECT shape 1.40 GiB/s" in text and "O_DIRECT / buffered per round: median 1.40" in text
+    assert "against the page cache's rate in its round: median 1.00× (each: 1.00)" in text

@@ -130,17 +130,9 @@ def reload_table(rows: list[dict], size: str, methods: tuple[str, ...] = METHODS
                       f"alternately): O_DIRECT {', '.join(f'{v:.2f}' for v in sh['direct_gib_s'])} GiB/s, buffered "
                       f"{', '.join(f'{v:.2f}' for v in sh['buffered_gib_s'])} GiB/s -> "
                       f"{'O_DIRECT' if sh['direct'] else 'buffered'} for the cold copies below."]
-    probes: dict[int, dict[str, float]] = {}  # round -> when -> the faster fio shape then
-    for r in rows:
-        if r["method"] == "device" and r["seconds"] > 0:
-            at = probes.setdefault(r["rep"], {})
-            when = r.get("when", "before")
-            at[when] = max(at.get(when, 0.0), r["bytes"] / 2**30 / r["seconds"])
-    # each round's device: the mean of its probes (before the round, and right after the default's
-    # cold reload where the run took one)
-    per_round = {rep: statistics.mean(at.values()) for rep, at in probes.items()}
+    per_round = device_probes(rows)
     dev = list(per_round.values())
-    around = any(len(at) > 1 for at in probes.values())
+    around = any(r.get("when") == "after" for r in rows if r["method"] == "device")
     cold_stock = [r for r in rows if r["cache"] == "cold" and r["method"] == "stock"]
     cold_ours = [r["bytes"] / 2**30 / _read_part(r) for r in rows if r["cache"] == "cold" and r["method"] == "auto"] \
         or [r["bytes"] / 2**30 / _read_part(r) for r in rows if r["cache"] == "cold" and r["method"] == "map"]
@@ -166,9 +158,10 @@ def reload_table(rows: list[dict], size: str, methods: tuple[str, ...] = METHODS
     return lines
 
 
-def _probes_of_kind(rows: list[dict], kind: str) -> dict[int, float]:
-    """Per round, the fastest fio shape whose name starts with ``kind`` ("buffered", "O_DIRECT"),
-    the mean of the round's probes (before it, after its default's cold reload), GiB/s."""
+def device_probes(rows: list[dict], kind: str = "") -> dict[int, float]:
+    """Each round's device, GiB/s: the fastest fio shape whose name starts with ``kind`` ("buffered",
+    "O_DIRECT"; "": any, the device limit) at each of the round's probes, averaged over them (before
+    the round, and right after its default's cold reload where the run took one)."""
     at: dict[int, dict[str, float]] = {}
     for r in rows:
         if r["method"] == "device" and r["seconds"] > 0 and r.get("detail", {}).get("fio", "").startswith(kind):
@@ -215,7 +208,7 @@ def _reload_bound(rows: list[dict], per_round: dict[int, float]) -> list[str]:
                    f"packing included (median {statistics.median(warm):.3f} s), nor than the file at the device's "
                    f"speed ({disk_s:.3f} s at the median round): at best {floor:.3f} s, {disk_s / floor:.2f}× the "
                    f"device; the default's cold median is {statistics.median(cold) / floor:.2f}× that floor.")
-    kinds = {k: _probes_of_kind(rows, k) for k in ("buffered", "O_DIRECT")}
+    kinds = {k: device_probes(rows, k) for k in ("buffered", "O_DIRECT")}
     paired = [(r["bytes"] / 2**30 / r["seconds"], kinds["buffered"][r["rep"]], kinds["O_DIRECT"][r["rep"]])
               for r in rows if r["cache"] == "cold" and r["method"] == "auto"
               and r["rep"] in kinds["buffered"] and r["rep"] in kinds["O_DIRECT"]]
