@@ -4,8 +4,8 @@ token sooner? Before its first read the host warmer works out what to read: the 
 0.3 MB profile): 0.15-0.3 s of Python on each of two threads while docker starts the container on
 the same two cores, the disk nearly idle meanwhile. From the second container of a (snapshot, image)
 pair on, the node keeps both.
-Runs against the code of c100670 only (containers.run.HostPlans, removed after: no gain,
-results/spot-checks/host-plans-kept/README.md).
+Runs against the toolkit of c100670 only (`git checkout c100670 -- toolkit`: containers.run.HostPlans,
+removed after: no gain, results/spot-checks/host-plans-kept/README.md).
 
 Cold page cache (the whole cache dropped before each start), restore + host warming, interleaved:
 "made" (the node's kept plans removed first: the warmer makes them, as before) and "kept". One
