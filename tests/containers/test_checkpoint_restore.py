@@ -275,23 +275,42 @@ def test_a_hot_layout_checkpointed_in_a_container_restores_in_a_new_one(docker_c
                                                                          tmp_path):
     """The default layout, hot, restores the snapshot once inside the checkpoint container (its
     run-dir overlay needs the same state tmpfs as a restore container); the split snapshot restores
-    in another, and in a third, which finds CRIU's kernel facts that the second probed in the node dir."""
+    in another, and in a third, which finds CRIU's kernel facts that the second probed in the node dir.
+    Both are warmed from the host (following the shipped profile): the first, on a node without a
+    profile of its own, records one from the restored tree's page tables, entrypoint files included;
+    the second follows it and records nothing."""
+    from coldstart.warm.profile import load_profile
+    from coldstart.warm.snapshot import node_profile
+
+    layers = docker_api.image_layers(docker_client, app_image.tag)
     res = run.checkpoint(docker_client, app_image.tag, tiny_model_dir, tmp_path / "tiny-hot")
     assert res.exit_code == 0, res.logs[-3000:]
     assert sorted(res.caps) == run.CHECKPOINT_CAPS
     manifest = json.loads((res.snapshot / "manifest.json").read_text())
     assert manifest["layout"] and manifest["layout"]["child_bytes"] > 0, res.logs[-3000:]
     assert (res.snapshot / "criu" / "parent").is_dir()
-    came = []
+    assert (res.snapshot / "profile.json").is_file()
+    came, warm = [], []
     try:
         for _ in range(2):
             port = free_port()
-            ctr = run.start_restore(docker_client, app_image.tag, res.snapshot, tiny_model_dir, port,
-                                    node=tmp_path / "node")
+            ctr = run.create_restore(docker_client, app_image.tag, res.snapshot, tiny_model_dir, port,
+                                     node=tmp_path / "node", host_warms=True)
+            warmer = run.host_warm(res.snapshot, layers)
             try:
-                came.append(_restores_and_serves(ctr, port, tiny_model_dir)["attrs"]["MANIFEST_OK"]["kdat"])
+                ctr.start()
+                attrs = _restores_and_serves(ctr, port, tiny_model_dir)["attrs"]
+                came.append(attrs["MANIFEST_OK"]["kdat"])
+                warm.append((attrs["WARM_START"]["mode"].split(":")[0], attrs["WARM_START"]["recording"]))
             finally:
+                warmer.cancel()
                 ctr.remove(force=True)
         assert came == ["probed", "node"], came
+        assert warm == [("deferred", True), ("deferred", False)], warm
+        mine = node_profile(res.snapshot)
+        prof = load_profile(tmp_path / "node" / mine.relative_to(mine.parents[2]))
+        assert "pagecache" not in {r.source for r in prof.ranges}  # the host's reads are not the restore's
+        assert any(r.file.startswith("criu/pages-") and r.source == "pagemap" for r in prof.ranges)
+        assert prof.mapped_files() and any(r.source == "process" for r in prof.ranges)
     finally:
         shutil.rmtree(res.snapshot, ignore_errors=True)

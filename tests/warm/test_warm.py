@@ -478,6 +478,42 @@ def test_restore_records_profile_then_next_restore_follows_it(warm_dir, tmp_path
     assert not w3.wait().profile_used
 
 
+def test_a_node_records_its_profile_without_warming_a_snapshot_already_cached(warm_dir, tmp_path, monkeypatch):
+    """start_recording: a restore that finds the snapshot in the page cache (just pulled) or leaves
+    its warming to the host still records the node's profile, from the restored tree's page tables
+    alone (pagecache False: another reader's order is not the restore's); once the node has one,
+    nothing more is recorded."""
+    from coldstart.warm import start_recording
+
+    for k in ("COLDSTART_WARM_PROFILE", "COLDSTART_WARM_RECORD"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("COLDSTART_STATE_DIR", str(tmp_path / "state"))
+    snap = tmp_path / "snap"
+    (snap / "criu").mkdir(parents=True)
+    pages = snap / "criu" / "pages-1.img"
+    os.link(warm_dir / "criu" / "pages-1.img", pages)
+    (snap / "manifest.json").write_text(json.dumps({"model_digest": "abc", "created_at": "cached"}))
+    with open(pages, "rb") as f:  # all in the page cache, as after a pull
+        while f.read(8 * MiB):
+            pass
+    w = start_recording([pages], pagecache=False)
+    assert w is not None and w.mode == "none" and not w.recorder.use_pagecache
+    p = subprocess.Popen([sys.executable, "-c", _TOUCHER, str(pages), str(40 * MiB)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().startswith("touched")
+        time.sleep(0.3)  # > the recorder's maps refresh (0.2 s)
+        w.recorder.sync()
+        assert w.end_recording() == node_profile(snap)
+    finally:
+        p.kill()
+        p.wait()
+    prof = load_profile(node_profile(snap))
+    assert prof.ranges and all(r.source == "pagemap" for r in prof.ranges)
+    assert any(r.file == "criu/pages-1.img" and r.offset <= 40 * MiB < r.offset + r.length for r in prof.ranges)
+    assert start_recording([pages]) is None  # the node has its own now
+
+
 @retry_on_external_drop
 def test_sendfile_reads_a_profiles_short_ranges_and_nothing_past_them(warm_dir, tmp_path):
     """The default read method (sendfile to /dev/null, no copy to user space) reads a profile's short

@@ -381,6 +381,7 @@ class _BackgroundWarm:
         import threading
 
         self.warmer = None
+        self.recording = None  # a profile recorder without a warmer (_record_only)
         self._tl = tl
         self._lock = threading.Lock()
         self._cancelled = False
@@ -425,7 +426,9 @@ class _BackgroundWarm:
             deferred = self._host_warms(paths, kw)
             if deferred:  # (marked now: the timeline is reported at the first token)
                 self._deferred = True
-                self._tl.mark(EventName.WARM_START, files=len(paths), mode="deferred: warmed from outside")
+                self._record_only(paths, kw, pagecache=False)
+                self._tl.mark(EventName.WARM_START, files=len(paths), mode="deferred: warmed from outside",
+                              recording=self.recording is not None)
                 self._first_token.wait()
                 kw = {**kw, "record": "off", "rest": "now"}
                 from coldstart.warm.base import background_priority
@@ -433,9 +436,11 @@ class _BackgroundWarm:
                 background_priority()  # (its readers, started from this thread, inherit it)
             elif ("mode" not in kw and kw.get("record") != "force"  # (warming not asked for explicitly)
                     and all(sampled_resident_fraction(p) >= 0.99 for p in paths)):
-                # all in the page cache already (another restore of this snapshot just ran): reading it
-                # again would only take CPU from this restore and any beside it
-                self._tl.mark(EventName.WARM_START, files=len(paths), mode="skipped: already in the page cache")
+                # all in the page cache already (another restore of this snapshot just ran, or it was
+                # just pulled): reading it again would only take CPU from this restore and any beside it
+                self._record_only(paths, kw, pagecache=True)
+                self._tl.mark(EventName.WARM_START, files=len(paths), mode="skipped: already in the page cache",
+                              recording=self.recording is not None)
                 return
             w = start_warming(paths, **kw)
             with self._lock:
@@ -451,6 +456,18 @@ class _BackgroundWarm:
                           mapped_files=len(getattr(plan, "mapped", ())))
         except Exception:  # warming is an optimisation: never a reason to fail the restore
             self.warmer = None
+
+    def _record_only(self, paths: list[Path], kw: dict, pagecache: bool) -> None:
+        """Record the node's profile without warming (warm.start_recording), unless recording is off."""
+        if kw.get("record") == "off":
+            return
+        from coldstart.warm import start_recording
+
+        rec = start_recording(paths, old_pids=kw.get("old_pids"), others=kw.get("others"), pagecache=pagecache)
+        with self._lock:
+            self.recording = rec
+            if rec is not None and self._cancelled:
+                rec.cancel()
 
     def criu_done(self) -> None:
         """CRIU has resumed the tree: the reads may begin."""
@@ -472,6 +489,10 @@ class _BackgroundWarm:
         profile did not name (held back until now), or start it if it was left to the outside.
         Returns the saved profile's path or None."""
         self._first_token.set()
+        with self._lock:
+            rec = self.recording
+        if rec is not None:  # recorded without warming (start_recording)
+            return rec.end_recording()
         if self._deferred:  # it starts now, on its thread: nothing recorded, nothing to wait for
             return None
         self._t.join(5)
@@ -494,6 +515,8 @@ class _BackgroundWarm:
             self._cancelled = True
             if self.warmer is not None:
                 self.warmer.cancel()
+            if self.recording is not None:
+                self.recording.cancel()
         self._first_token.set()
         self._criu_done.set()
 

@@ -94,6 +94,24 @@ def snapshot_id(root: Path) -> str:
         return ""
 
 
+def start_recording(paths: list[Path] | list[str], *, old_pids: set[int] | None = None,
+                    others: list[Path] | None = None, pagecache: bool = True):
+    """Record this node's access profile of the snapshot ``paths`` lie in without warming it, while
+    the node has none (COLDSTART_WARM_RECORD): for a restore that finds it all in the page cache
+    (just pulled or checkpointed) or whose warming is done from outside (a container's host, then
+    ``pagecache`` False: the page cache shows that reader's order). Without it such a node would keep
+    following the shipped profile, which names neither the container entrypoint's files nor this
+    node's libraries. A RecordingWarmer (end_recording() saves, cancel() drops), or None."""
+    from coldstart.warm import snapshot as snapmod
+
+    root = snapmod.snapshot_root(paths)
+    if root is None or not snapmod.node_lacks_profile(root):
+        return None
+    return snapmod.RecordingWarmer(NullWarmer(paths), root, [p for p in expand_paths(list(paths)) if p.is_file()],
+                                   snapshot_id=snapshot_id(root), old_pids=old_pids, others=others,
+                                   pagecache=pagecache).start()
+
+
 def start_warming(paths: list[Path] | list[str], *, mode: str | None = None, profile: Path | None | str = "auto",
                   order: list[Path] | None = None, threads: int | None = None, progress=None,
                   record: bool | str | None = None, mapped: bool = True, rest: str = "now",

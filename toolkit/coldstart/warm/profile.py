@@ -147,12 +147,15 @@ class ProfileRecorder:
     the bench model before the restored tree's own pages in the profile, and the next replica's
     warming read it first.
     ``pids``: processes whose page tables to watch; None = any process started after ``start()``
-    that maps the files (the restored tree)."""
+    that maps the files (the restored tree).
+    ``use_pagecache`` False: the page tables only, for a restore whose snapshot another reader warms
+    (a container's host): the page cache would show that reader's order, not the restore's."""
 
     def __init__(self, paths: list[Path] | list[str], *, root: Path | None = None, interval: float = 0.02,
                  warmer=None, pids: list[int] | None = None, snapshot_id: str = "",
                  use_pagemap: bool = True, track_mapped: bool = False, trim: bool = True,
-                 old_pids: set[int] | None = None, others: list[Path] | None = None):
+                 old_pids: set[int] | None = None, others: list[Path] | None = None,
+                 use_pagecache: bool = True):
         self.paths = [p for p in expand_paths(list(paths)) if p.is_file()]
         self.root = Path(root).absolute() if root else Path(os.path.commonpath([str(p.parent) for p in self.paths])) if self.paths else Path.cwd()
         self.interval = interval
@@ -164,6 +167,7 @@ class ProfileRecorder:
         self._given_old = old_pids
         self.snapshot_id = snapshot_id
         self.use_pagemap = use_pagemap
+        self.use_pagecache = use_pagecache or not use_pagemap
         self.track_mapped = track_mapped and use_pagemap
         self.trim = trim and use_pagemap
         self.mapped: set[Path] = set()  # files outside the snapshot the restored tree maps (track_mapped)
@@ -351,7 +355,7 @@ class ProfileRecorder:
         if self.use_pagemap:
             for p, mask in self._pagemap(full=final or self._samples % 4 == 1).items():
                 new_by_source.append(("pagemap", p, mask))
-        for p in self.paths:
+        for p in self.paths if self.use_pagecache else ():
             try:
                 res = self._pagecache(p)
             except OSError:
@@ -454,8 +458,8 @@ class ProfileRecorder:
             files={self._name(p): s for p, s in self.sizes.items()},
             ranges=ranges,
             meta={"interval_s": self.interval, "samples": self._samples, "baseline_resident_bytes": self._baseline,
-                  "seconds": round(time.monotonic() - self._t0, 3), "signals": ["pagemap", "pagecache"]
-                  if self.use_pagemap else ["pagecache"], "page_size": PAGE,
+                  "seconds": round(time.monotonic() - self._t0, 3),
+                  "signals": ["pagemap"] * self.use_pagemap + ["pagecache"] * self.use_pagecache, "page_size": PAGE,
                   "mapped_files": len(self.mapped), "readaround_trimmed_bytes": trimmed,
                   "mapped_bytes": sum(r.length for r in self._ranges if os.path.isabs(r.file))},
         )

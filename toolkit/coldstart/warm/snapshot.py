@@ -81,16 +81,23 @@ def should_record(root: Path | None, profile: Path | None) -> bool:
     return pol == "force" or profile is None or not node.is_file()
 
 
+def node_lacks_profile(root: Path | None) -> bool:
+    """Whether a restore of the snapshot at ``root`` should record this node's profile although it
+    does not warm (COLDSTART_WARM_RECORD auto: while the node has none; force: always)."""
+    return should_record(root, Path(PROFILE_NAME))
+
+
 class RecordingWarmer:
     """A warmer plus a profile recorder; same interface as the warmer it wraps."""
 
     def __init__(self, warmer, root: Path, paths: list[Path], snapshot_id: str = "", track_mapped: bool = True,
-                 old_pids: set[int] | None = None, others: list[Path] | None = None):
+                 old_pids: set[int] | None = None, others: list[Path] | None = None, pagecache: bool = True):
         self.inner = warmer
         self.mode = warmer.mode
         self.root = root
         self.recorder = ProfileRecorder(paths, root=root, warmer=warmer, interval=0.05, snapshot_id=snapshot_id,
-                                        track_mapped=track_mapped, old_pids=old_pids, others=others)
+                                        track_mapped=track_mapped, old_pids=old_pids, others=others,
+                                        use_pagecache=pagecache)
         self.profile_path: Path | None = None
         self._ended = threading.Lock()
         self._over = False
