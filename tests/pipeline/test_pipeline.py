@@ -106,6 +106,7 @@ def test_a_restore_that_finds_the_snapshot_cached_still_records_the_nodes_profil
         assert res.restored and res.canary_ok
         ws = res.timeline.get("WARM_START").attrs
         assert ws["mode"].startswith("skipped") and ws["recording"] is True, ws
+        assert ws["profile_saved"] == str(node_profile(snap)), ws
     finally:
         res.stop()
     prof = load_profile(node_profile(snap))

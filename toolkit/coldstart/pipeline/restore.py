@@ -1085,6 +1085,8 @@ def _finish_warm(warmer, tl: Timeline) -> None:
         if warmer.done:
             st = warmer.wait(0)
             tl.mark(EventName.WARM_DONE, bytes=getattr(st, "bytes", 0), profile_saved=str(saved or ""))
+        elif saved and tl.get(EventName.WARM_START) is not None:  # recorded without warming
+            tl.get(EventName.WARM_START).attrs["profile_saved"] = str(saved)
     except Exception:
         pass
 
