@@ -76,9 +76,11 @@ def parser() -> argparse.ArgumentParser:
       help="Page-cache warming: native | vmtouch | none (default: $COLDSTART_WARM_MODE or native).")
     a("--warm-method", choices=("sendfile", "pread", "populate", "willneed"),
       help="Native warming: sendfile (default: no copy) | pread | populate | willneed.")
-    a("--warm-profile", default="auto", help="Access profile to follow: auto (DIR/profile.json) | off | PATH.")
+    a("--warm-profile", default="auto",
+      help="Access profile to follow: auto (this node's own, else DIR/profile.json) | off | PATH.")
     a("--warm-record", default="auto", choices=("auto", "off", "force"),
-      help="Record an access profile at first token: auto (when none) | off | force.")
+      help="Record this node's access profile until the first token: auto (while it has none, also when "
+           "nothing is warmed) | off | force.")
     a("--warm-rest", default="after", choices=("after", "now", "never"),
       help="With a profile, warm what it does not name: after (first token) | now | never.")
     return p
