@@ -87,28 +87,34 @@ def test_the_snapshot_ships_its_access_profile(snapshot, tmp_path, monkeypatch):
     assert load_profile(node_profile(snap)).ranges  # the node's own, followed from now on
 
 
-def test_a_restore_that_finds_the_snapshot_cached_still_records_the_nodes_profile(snapshot, tmp_path, monkeypatch):
+def test_a_restore_that_finds_the_snapshot_cached_records_the_nodes_profile_only_where_asked(
+        snapshot, tmp_path, monkeypatch):
     """A node's first restore right after a pull (or the checkpoint) finds the whole snapshot in the
-    page cache: it does not warm, but records the node's profile from the restored tree's page
-    tables, so that later replicas (and a container's host warmer) follow this node's order,
-    libraries included, instead of the shipped one."""
+    page cache and does not warm. On a host it records nothing either (the shipped profile served a
+    cold host restore as well as the node's own, and recording costs this restore CPU); in a
+    container, or with COLDSTART_WARM_RECORD=force, it records the node's profile from the restored
+    tree's page tables, libraries included."""
     from coldstart.warm.profile import load_profile
     from coldstart.warm.snapshot import node_profile
 
     snap, m = snapshot
     monkeypatch.setenv("COLDSTART_STATE_DIR", str(tmp_path / "state"))  # a node that never restored it
+    monkeypatch.delenv("COLDSTART_WARM_RECORD", raising=False)
     for f in sorted(p for p in snap.rglob("*") if p.is_file()):  # all cached, as just pulled
         with open(f, "rb") as fh:
             while fh.read(8 << 20):
                 pass
-    res = restore(RestoreOptions(snapshot=snap, fallback=False, net="auto"), say=print)
-    try:
-        assert res.restored and res.canary_ok
-        ws = res.timeline.get("WARM_START").attrs
-        assert ws["mode"].startswith("skipped") and ws["recording"] is True, ws
-        assert ws["profile_saved"] == str(node_profile(snap)), ws
-    finally:
-        res.stop()
+    for policy in ("auto", "force"):
+        monkeypatch.setenv("COLDSTART_WARM_RECORD", policy)
+        res = restore(RestoreOptions(snapshot=snap, fallback=False, net="auto"), say=print)
+        try:
+            assert res.restored and res.canary_ok
+            ws = res.timeline.get("WARM_START").attrs
+            assert ws["mode"].startswith("skipped") and ws["recording"] is (policy == "force"), ws
+            assert ws.get("profile_saved", "") == (str(node_profile(snap)) if policy == "force" else ""), ws
+        finally:
+            res.stop()
+        assert node_profile(snap).exists() is (policy == "force")
     prof = load_profile(node_profile(snap))
     assert any(r.file.startswith("criu/pages-") for r in prof.ranges) and prof.mapped_files()
     assert {r.source for r in prof.ranges} <= {"pagemap", "pagecache"}

@@ -79,8 +79,8 @@ def parser() -> argparse.ArgumentParser:
     a("--warm-profile", default="auto",
       help="Access profile to follow: auto (this node's own, else DIR/profile.json) | off | PATH.")
     a("--warm-record", default="auto", choices=("auto", "off", "force"),
-      help="Record this node's access profile until the first token: auto (while it has none, also when "
-           "nothing is warmed) | off | force.")
+      help="Record this node's access profile until the first token: auto (while it has none; in a "
+           "container also when nothing is warmed) | off | force.")
     a("--warm-rest", default="after", choices=("after", "now", "never"),
       help="With a profile, warm what it does not name: after (first token) | now | never.")
     return p

@@ -7,8 +7,8 @@ coldstart.state: a snapshot is never written after publish), else the ``profile.
 has none of its own, a ``ProfileRecorder`` runs next to the warmer and, when the restore reports
 success by calling ``wait()``, the recorded order is saved (atomically) in the node's profile store:
 a node's first restore follows the shipped profile, and the next ones the node's own, which also
-names the container entrypoint's own files (warmed by the host for the next replica). A restore that
-does not warm (the snapshot all cached, or warmed by a container's host) records all the same
+names the container entrypoint's own files (warmed by the host for the next replica). In a container, a
+restore that does not warm (the snapshot all cached, or warmed by the host) records all the same
 (``start_recording``: a recorder beside no warmer).
 A failed restore calls ``cancel()``: nothing is saved, a failed run's access order is no guide.
 Without either call, recording ends and saves after RECORD_MAX_S.
