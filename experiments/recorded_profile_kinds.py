@@ -1,8 +1,8 @@
 """Is a node profile recorded without warming as good a guide for the host warmer as one recorded by
 a cold restore? A node's first restore records the profile its later replicas (and a container's host
-warmer) follow. Until d9de334 only a restore that warmed recorded one; now a restore that finds the
-snapshot all cached, or leaves warming to the container's host, records one too (page tables only
-when the host warms). Before, such a node kept following the shipped profile.
+warmer) follow. Until d9de334 only a restore that warmed recorded one; now, in a container (772c347),
+a restore that finds the snapshot all cached, or leaves warming to the host, records one too (page
+tables only when the host warms). Before, such a node kept following the shipped profile.
 
 Profiles, each recorded once on this node, then put back before each measured start:
   cold     a restore container on a dropped page cache, no host warming (page tables + page cache)
