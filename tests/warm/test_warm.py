@@ -360,6 +360,54 @@ def test_profile_sees_mmap_accesses_even_when_cached(warm_dir):
     assert all(r.source == "pagemap" for r in prof.ranges)  # the page cache signal had nothing new
 
 
+def test_present_runs_by_scan_match_pagemap_and_the_recorder_works_without_the_scan(warm_dir):
+    """The recorder asks the kernel for the runs of present pages (PAGEMAP_SCAN, Linux 6.7+): the
+    same pages reading /proc/PID/pagemap shows. Where the kernel lacks the call it reads pagemap,
+    and records the same accesses."""
+    import numpy as np
+
+    from coldstart.warm.residency import PresentScan
+
+    pages = warm_dir / "criu" / "pages-1.img"
+    start_warming([pages], mode="native").wait()
+    offsets = [80 * MiB, 16 * MiB]
+    recs = {"scan": ProfileRecorder([pages], root=warm_dir, interval=0.01).start(),
+            "read": ProfileRecorder([pages], root=warm_dir, interval=0.01)}
+    recs["read"]._scan = None  # as on a kernel without PAGEMAP_SCAN
+    recs["read"].start()
+    p = subprocess.Popen([sys.executable, "-c", _TOUCHER, str(pages), *map(str, offsets)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        for i, _ in enumerate(offsets):
+            assert p.stdout.readline().startswith("touched")
+            if i < len(offsets) - 1:  # (after the last one the toucher exits: it waits until the end)
+                p.stdin.write("\n")
+                p.stdin.flush()
+        with open(f"/proc/{p.pid}/maps") as f:
+            lo, hi = next(tuple(int(x, 16) for x in ln.split()[0].split("-")) for ln in f if str(pages) in ln)
+        fd = os.open(f"/proc/{p.pid}/pagemap", os.O_RDONLY)
+        try:
+            ent = np.frombuffer(os.pread(fd, (hi - lo) // 4096 * 8, lo // 4096 * 8), dtype=np.uint64)
+            by_read = ((ent >> np.uint64(63)) | ((ent >> np.uint64(62)) & np.uint64(1))).astype(bool)
+            by_scan = np.zeros(len(by_read), dtype=bool)
+            for a, b in PresentScan().regions(fd, lo, hi).tolist():
+                by_scan[(a - lo) // 4096:(b - lo) // 4096] = True
+        finally:
+            os.close(fd)
+        for r in recs.values():
+            deadline = time.monotonic() + 30
+            while not all(r.recorded(pages, off) for off in offsets) and time.monotonic() < deadline:
+                r.sync()
+        profs = {k: r.stop() for k, r in recs.items()}
+    finally:
+        p.kill()
+        p.wait()
+    assert by_read.sum() >= 2 * 256 and np.array_equal(by_scan, by_read)
+    for prof in profs.values():
+        assert all(any(r.source == "pagemap" and r.offset <= off < r.offset + r.length for r in prof.ranges)
+                   for off in offsets)
+
+
 @retry_on_external_drop
 def test_profile_follows_a_restored_tree_that_was_born_before_the_recorder(warm_dir):
     """The restore starts CRIU before its warmer (and recorder): the processes alive before CRIU

@@ -7,8 +7,10 @@ How the order is observed (two signals, sampled every ``interval`` seconds):
 1. Page tables (``/proc/PID/maps`` + ``/proc/PID/pagemap``) of every process that maps a snapshot
    file. With the mmap restore the restored server maps ``pages-*.img``; a page present in its page
    tables was touched by it. This signal is independent of the page cache, so warming running at
-   the same time does not blur it. (fanotify FAN_ACCESS carries no offsets; pre-content events need
-   an HSM-enabled filesystem; blktrace sees device sectors, not file offsets, and misses cache hits.)
+   the same time does not blur it. The kernel answers the runs of present pages (PAGEMAP_SCAN,
+   residency.PresentScan): a restored vLLM tree maps gigabytes in thousands of mappings.
+   (fanotify FAN_ACCESS carries no offsets; pre-content events need an HSM-enabled filesystem;
+   blktrace sees device sectors, not file offsets, and misses cache hits.)
 2. Page cache (mincore) for files read with read()/pread() (the weights loader): a range that
    becomes resident *before the concurrent warmer issued it* was demanded by the restore ahead of
    the warmer: exactly what the next warm must fetch earlier. Ranges resident when recording starts
@@ -23,9 +25,9 @@ are gigabytes, the restore touches tens of MiB of them) in the recorded order.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
-import re
 import threading
 import time
 from stat import S_ISREG
@@ -38,7 +40,7 @@ import numpy as np
 
 from coldstart.errors import ColdstartError
 from coldstart.warm.base import Range
-from coldstart.warm.residency import PAGE, _mincore_fd, expand_paths
+from coldstart.warm.residency import PAGE, PresentScan, _mincore_fd, expand_paths
 
 PROFILE_VERSION = 1
 PROFILE_NAME = "profile.json"
@@ -134,7 +136,30 @@ def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
     return list(zip(starts.tolist(), ends.tolist()))
 
 
-_MAPS_RE = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) \S+ ([0-9a-f]+) \S+ (\d+)\s+(.*)$")
+
+class _Vmas:
+    """One process's mappings of the watched files, as parsed from its /proc/PID/maps ``text``:
+    (start, end, file offset, path) sorted by address, and as arrays for PresentScan's runs."""
+
+    def __init__(self, text: str, vmas: list[tuple[int, int, int, Path]], mapped: set[Path]):
+        self.text = text
+        self.vmas = vmas
+        self.mapped = mapped  # (the recorder's set: files outside the snapshot)
+        self.paths = list(dict.fromkeys(v[3] for v in vmas))
+        self._arrays: dict[bool, tuple[np.ndarray, ...]] = {}
+        self.seen: dict[bool, np.ndarray] = {}  # the present runs at the last scan (keys), per ``full``
+
+    def arrays(self, full: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(starts, ends, first file page, index in ``paths``) of the mappings (``full`` False: the
+        snapshot's only), int64, by address."""
+        got = self._arrays.get(full)
+        if got is None:
+            pos = {p: i for i, p in enumerate(self.paths)}
+            sel = [v for v in self.vmas if full or v[3] not in self.mapped]
+            got = self._arrays[full] = (
+                np.array([v[0] for v in sel], dtype=np.int64), np.array([v[1] for v in sel], dtype=np.int64),
+                np.array([v[2] // PAGE for v in sel], dtype=np.int64), np.array([pos[v[3]] for v in sel], dtype=np.int64))
+        return got
 
 
 class ProfileRecorder:
@@ -181,6 +206,7 @@ class ProfileRecorder:
             st = p.stat()
             self.sizes[p] = st.st_size
             self.inodes[(st.st_dev, st.st_ino)] = p
+        self._pc_all: set[Path] = set()  # files all resident (at the start or since): not sampled again
         self._pc_seen: dict[Path, np.ndarray] = {}  # page cache: resident at some sample (or at start)
         self._recorded: dict[Path, np.ndarray] = {}  # pages already in the profile (either signal)
         self._issued_mask: dict[Path, np.ndarray] = {}
@@ -193,9 +219,13 @@ class ProfileRecorder:
         self._t0 = 0.0
         self._samples = 0
         self._samples_done = 0
+        self._cpu = 0.0  # the sampling thread's CPU time: what recording costs a restore beside it
         self._cond = threading.Condition()
         self._baseline = 0
-        self._maps: dict[int, list[tuple[int, int, int, Path]]] = {}
+        self._maps: dict[int, _Vmas] = {}
+        self._names: dict[str, Path] = {}
+        self._lines: dict[str, tuple[int, int, int, Path] | None] = {}  # a maps line -> its watched mapping
+        self._scan: PresentScan | None = PresentScan() if use_pagemap else None
         self._maps_at = -1.0
         self._old_pids: set[int] = set()
         self._old_mappers: set[int] = set()
@@ -212,7 +242,8 @@ class ProfileRecorder:
             os.close(fd)
 
     def _refresh_maps(self) -> None:
-        """Which processes map which part of which snapshot file (re-read 5 times a second).
+        """Which processes map which part of which snapshot file (re-read 5 times a second; parsed
+        again only where a process's maps changed: a restored vLLM process has ~3000 mappings).
 
         Only processes born after recording started are scanned (the restored tree is): reading
         every /proc/PID/maps of a busy host costs ~0.3 s of CPU, next to nothing for a few pids."""
@@ -226,34 +257,61 @@ class ProfileRecorder:
             pids = [int(d) for d in os.listdir("/proc") if d.isdigit() and int(d) not in self._old_pids]
             pids += list(self._old_mappers)
         me = os.getpid()
-        maps: dict[int, list[tuple[int, int, int, Path]]] = {}
-        names = {str(p): p for p in self.paths}
-        names.update({str(p.resolve()): p for p in self.paths})  # /proc/PID/maps shows real paths
+        maps: dict[int, _Vmas] = {}
         for pid in pids:
             if pid == me:
                 continue
             try:
                 with open(f"/proc/{pid}/maps") as f:
-                    lines = f.read().splitlines()
+                    text = f.read()
             except OSError:
                 continue
-            others: list[tuple[int, int, int, str]] = []
-            for line in lines:
-                m = _MAPS_RE.match(line)
-                if not m or not m.group(5).startswith("/"):
-                    continue
-                path = names.get(m.group(5).removesuffix(" (deleted)"))
-                if path is None:
-                    if self.track_mapped:
-                        others.append((int(m.group(1), 16), int(m.group(2), 16), int(m.group(3), 16), m.group(5)))
-                    continue
-                maps.setdefault(pid, []).append((int(m.group(1), 16), int(m.group(2), 16), int(m.group(3), 16), path))
-            if pid in maps:  # a process of the restored tree: its other mapped files count too
-                for start, end, off, name in others:
-                    path = self._add_mapped(name)
-                    if path is not None:
-                        maps[pid].append((start, end, off, path))
+            old = self._maps.get(pid)
+            vm = old if old is not None and old.text == text else self._parse_maps(text)
+            if vm is not None:
+                maps[pid] = vm
         self._maps = maps
+
+    def _parse_maps(self, text: str) -> "_Vmas | None":
+        """One process's mappings of the watched files (None: it maps none of the snapshot's): the
+        snapshot's own and (track_mapped) its other regular files, in address order. Each line is
+        parsed once (``_lines``): a restored tree's maps change while it wakes, a few lines at a time.
+        Marks the snapshot pages they cover (_vma_cover: the trim's "inside the tree's mappings")."""
+        if not self._names:
+            self._names = {str(p): p for p in self.paths}
+            self._names.update({str(p.resolve()): p for p in self.paths})  # /proc/PID/maps shows real paths
+        vmas: list[tuple[int, int, int, Path]] = []
+        snap = False
+        for line in text.splitlines():
+            if "/" not in line:
+                continue  # anonymous
+            v = self._lines.get(line, False)
+            if v is False:
+                v = self._lines[line] = self._parse_line(line)
+            if v is not None:
+                vmas.append(v)
+                snap = snap or v[3] not in self.mapped
+        return _Vmas(text, vmas, self.mapped) if snap else None
+
+    def _parse_line(self, line: str) -> tuple[int, int, int, Path] | None:
+        parts = line.split(None, 5)
+        if len(parts) < 6 or not parts[5].startswith("/"):
+            return None
+        a, _, b = parts[0].partition("-")
+        start, end, off = int(a, 16), int(b, 16), int(parts[2], 16)
+        path = self._names.get(parts[5].removesuffix(" (deleted)"))
+        if path is not None:
+            first, total = off // PAGE, self._npages(path)
+            if first < total:
+                cover = self._vma_cover.get(path)
+                if cover is None:
+                    cover = self._vma_cover[path] = np.zeros(total, dtype=bool)
+                cover[first:first + min((end - start) // PAGE, total - first)] = True
+            return start, end, off, path
+        if not self.track_mapped:
+            return None
+        path = self._add_mapped(parts[5])
+        return (start, end, off, path) if path is not None else None
 
     def _add_mapped(self, name: str) -> Path | None:
         """Start following a file the restored tree maps (outside the snapshot), or None to skip it:
@@ -271,7 +329,7 @@ class ProfileRecorder:
         except OSError:
             st = None
         if st is None or not S_ISREG(st.st_mode) or st.st_size == 0 or path in self.sizes \
-                or self.root in path.parents:
+                or name.startswith(f"{self.root}/"):
             self._not_mapped.add(name)
             return None
         self.sizes[path] = st.st_size
@@ -296,39 +354,99 @@ class ProfileRecorder:
 
     def _pagemap(self, full: bool = True) -> dict[Path, np.ndarray]:
         """Pages present in the watched processes' page tables, per file. ``full`` False skips the
-        mapped files outside the snapshot (gigabytes of library mappings: read 5 times a second)."""
+        mapped files outside the snapshot. By PAGEMAP_SCAN where the kernel has it (residency.PresentScan:
+        the runs only), else by reading pagemap (8 bytes per mapped page)."""
         out: dict[Path, np.ndarray] = {}
         self._refresh_maps()
-        for pid, vmas in self._maps.items():
+        for pid, vm in self._maps.items():
             try:
                 fd = os.open(f"/proc/{pid}/pagemap", os.O_RDONLY | os.O_CLOEXEC)
             except OSError:
                 continue
             try:
-                for start, end, off, path in vmas:
-                    if not full and path in self.mapped:
-                        continue
-                    n = (end - start) // PAGE
+                if self._scan is not None:
                     try:
-                        raw = os.pread(fd, n * 8, (start // PAGE) * 8)
-                    except OSError:
+                        self._scan_present(fd, vm, full, out)
                         continue
-                    ent = np.frombuffer(raw, dtype=np.uint64)
-                    present = (ent >> np.uint64(63)) | ((ent >> np.uint64(62)) & np.uint64(1))
-                    first = off // PAGE
-                    total = self._npages(path)
-                    if first >= total:
-                        continue
-                    k = min(len(ent), total - first)
-                    mask = out.setdefault(path, np.zeros(total, dtype=bool))
-                    mask[first:first + k] |= present[:k].astype(bool)
-                    if path not in self.mapped:
-                        self._vma_cover.setdefault(path, np.zeros(total, dtype=bool))[first:first + k] = True
-                        self._touched.setdefault(path, np.zeros(total, dtype=bool))[first:first + k] |= \
-                            present[:k].astype(bool)
+                    except OSError as e:
+                        if e.errno not in (errno.ENOTTY, errno.EINVAL, errno.EOPNOTSUPP):
+                            continue  # the process is gone
+                        self._scan = None  # an older kernel: read pagemap from now on
+                self._read_present(fd, vm, full, out)
             finally:
                 os.close(fd)
-        return out
+        for path, mask in out.items():
+            if path not in self.mapped:
+                self._touched.setdefault(path, np.zeros(len(mask), dtype=bool))[:] |= mask
+        # the snapshot's files before the libraries: within one sample that is the profile's order
+        return dict(sorted(out.items(), key=lambda kv: kv[0] in self.mapped))
+
+    def _scan_present(self, fd: int, vm: "_Vmas", full: bool, out: dict[Path, np.ndarray]) -> None:
+        """``_pagemap`` for one process by PAGEMAP_SCAN: one call over its watched span, the runs
+        cut at the watched mappings' bounds and turned into file pages (vectorised)."""
+        vs, ve, vpg, vfile = vm.arrays(full)
+        if not len(vs):
+            return
+        r = self._scan.regions(fd, int(vs[0]), int(ve[-1])).astype(np.int64)
+        # only the runs that were not there at this process's last sample (the same maps): the
+        # rest is recorded already. (start, end) as one complex key: exact below 2**53.
+        key = r[:, 0].astype(np.float64) + 1j * r[:, 1].astype(np.float64)
+        prev = vm.seen.get(full)
+        vm.seen[full] = key
+        if prev is not None:
+            r = r[~np.isin(key, prev)]
+        if not len(r):
+            return
+        rs, re_ = r[:, 0], r[:, 1]
+        i0 = np.searchsorted(ve, rs, side="right")  # the first mapping ending after the run starts
+        i1 = np.searchsorted(vs, re_, side="left")  # past the last one starting before it ends
+        cnt = np.maximum(i1 - i0, 0)
+        if not cnt.any():
+            return
+        run = np.repeat(np.arange(len(rs)), cnt)
+        idx = np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt) + np.repeat(i0, cnt)
+        a = np.maximum(rs[run], vs[idx])
+        b = np.minimum(re_[run], ve[idx])
+        fa = vpg[idx] + (a - vs[idx]) // PAGE
+        fb = fa + (b - a) // PAGE
+        order = np.argsort(vfile[idx], kind="stable")
+        files, fa, fb = vfile[idx][order], fa[order], fb[order]
+        cuts = np.flatnonzero(np.diff(files)) + 1
+        for x0, x1 in zip(np.concatenate(([0], cuts)).tolist(), np.concatenate((cuts, [len(files)])).tolist()):
+            path = vm.paths[int(files[x0])]
+            total = self._npages(path)
+            lo, hi = np.minimum(fa[x0:x1], total), np.minimum(fb[x0:x1], total)
+            mask = out.get(path)
+            if mask is None:
+                mask = out[path] = np.zeros(total, dtype=bool)
+            if len(lo) <= 64:
+                for x, y in zip(lo.tolist(), hi.tolist()):
+                    mask[x:y] = True
+            else:  # a difference array: +1 at each run's start, -1 at its end
+                d = np.zeros(total + 1, dtype=np.int32)
+                np.add.at(d, lo, 1)
+                np.add.at(d, hi, -1)
+                mask |= np.cumsum(d[:-1]) > 0
+
+    def _read_present(self, fd: int, vm: "_Vmas", full: bool, out: dict[Path, np.ndarray]) -> None:
+        """``_pagemap`` for one process by reading its pagemap, mapping by mapping."""
+        for start, end, off, path in vm.vmas:
+            if not full and path in vm.mapped:
+                continue
+            first, total = off // PAGE, self._npages(path)
+            if first >= total:
+                continue
+            try:
+                raw = os.pread(fd, (end - start) // PAGE * 8, (start // PAGE) * 8)
+            except OSError:
+                continue
+            ent = np.frombuffer(raw, dtype=np.uint64)
+            present = (ent >> np.uint64(63)) | ((ent >> np.uint64(62)) & np.uint64(1))
+            k = min(len(ent), total - first)
+            mask = out.get(path)
+            if mask is None:
+                mask = out[path] = np.zeros(total, dtype=bool)
+            mask[first:first + k] |= present[:k].astype(bool)
 
     def _update_issued(self) -> None:
         others = self._others[self._others_n:]  # (appended from another thread: take a copy once)
@@ -356,6 +474,8 @@ class ProfileRecorder:
             for p, mask in self._pagemap(full=final or self._samples % 4 == 1).items():
                 new_by_source.append(("pagemap", p, mask))
         for p in self.paths if self.use_pagecache else ():
+            if p in self._pc_all:
+                continue  # every page already resident: nothing new can show here
             try:
                 res = self._pagecache(p)
             except OSError:
@@ -368,6 +488,8 @@ class ProfileRecorder:
             if source == "pagecache":  # only pages that were not resident before count
                 fresh = mask & ~self._pc_seen[p]
                 self._pc_seen[p] |= mask
+                if self._pc_seen[p].all():
+                    self._pc_all.add(p)
                 mask = fresh
             recorded = self._recorded[p]
             new = mask & ~recorded
@@ -387,7 +509,9 @@ class ProfileRecorder:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
+            c0 = time.thread_time()
             self._sample()
+            self._cpu += time.thread_time() - c0
             with self._cond:
                 self._samples_done += 1
                 self._cond.notify_all()
@@ -413,13 +537,17 @@ class ProfileRecorder:
         if self.pids is None:  # processes that mapped the files before we started: one slow scan, aside
             threading.Thread(target=self._scan_old, name="coldstart-profile-scan", daemon=True).start()
         for p in self.paths:  # baseline: already-resident pages have no known order
+            self._recorded[p] = np.zeros(self._npages(p), dtype=bool)
+            if not self.use_pagecache:
+                continue  # (page tables only: no mincore of gigabytes here)
             try:
                 base = self._pagecache(p)
             except OSError:
                 base = np.zeros(self._npages(p), dtype=bool)
             self._baseline += int(base.sum()) * PAGE
             self._pc_seen[p] = base.copy()
-            self._recorded[p] = np.zeros(self._npages(p), dtype=bool)
+            if len(base) and base.all():
+                self._pc_all.add(p)
         self._thread = threading.Thread(target=self._run, name="coldstart-profile", daemon=True)
         self._thread.start()
         return self
@@ -458,7 +586,7 @@ class ProfileRecorder:
             files={self._name(p): s for p, s in self.sizes.items()},
             ranges=ranges,
             meta={"interval_s": self.interval, "samples": self._samples, "baseline_resident_bytes": self._baseline,
-                  "seconds": round(time.monotonic() - self._t0, 3),
+                  "seconds": round(time.monotonic() - self._t0, 3), "cpu_s": round(self._cpu, 3),
                   "signals": ["pagemap"] * self.use_pagemap + ["pagecache"] * self.use_pagecache, "page_size": PAGE,
                   "mapped_files": len(self.mapped), "readaround_trimmed_bytes": trimmed,
                   "mapped_bytes": sum(r.length for r in self._ranges if os.path.isabs(r.file))},

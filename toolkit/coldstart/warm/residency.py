@@ -110,6 +110,52 @@ def populate_fd(fd: int, offset: int, length: int) -> None:
         _libc.munmap(addr, length)
 
 
+class _PageRegion(ctypes.Structure):
+    _fields_ = [("start", ctypes.c_uint64), ("end", ctypes.c_uint64), ("categories", ctypes.c_uint64)]
+
+
+class _PmScanArg(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint64) for n in ("size", "flags", "start", "end", "walk_end", "vec", "vec_len",
+                                                "max_pages", "category_inverted", "category_mask",
+                                                "category_anyof_mask", "return_mask")]
+
+
+_PAGEMAP_SCAN = (3 << 30) | (ctypes.sizeof(_PmScanArg) << 16) | (ord("f") << 8) | 16  # _IOWR('f', 16, ...)
+_PAGE_IS_PRESENT, _PAGE_IS_SWAPPED = 1 << 3, 1 << 4
+_libc.ioctl.restype = ctypes.c_int
+_libc.ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
+
+
+class PresentScan:
+    """The runs of pages present in (or swapped out of) a process's page tables, by the PAGEMAP_SCAN
+    ioctl on its /proc/PID/pagemap (Linux 6.7+). Reading pagemap itself costs 8 bytes and a numpy
+    pass per page of every mapping, present or not: a restored vLLM tree maps gigabytes in thousands
+    of mappings, and a profile recorder reading it 20 times a second took a core. The ioctl walks
+    the page tables in the kernel and answers only the runs. ``regions`` raises OSError (ENOTTY,
+    EINVAL) where the kernel lacks it: the caller falls back to reading pagemap."""
+
+    def __init__(self, capacity: int = 16384):
+        self._vec = (_PageRegion * capacity)()
+        self._arr = np.frombuffer(self._vec, dtype=np.uint64).reshape(capacity, 3)
+
+    def regions(self, fd: int, start: int, end: int) -> np.ndarray:
+        """[start, end) address runs (an n x 2 uint64 array) of present pages in [start, end)."""
+        out: list[np.ndarray] = []
+        while start < end:
+            arg = _PmScanArg(size=ctypes.sizeof(_PmScanArg), start=start, end=end, vec=ctypes.addressof(self._vec),
+                             vec_len=len(self._vec), category_anyof_mask=_PAGE_IS_PRESENT | _PAGE_IS_SWAPPED,
+                             return_mask=_PAGE_IS_PRESENT | _PAGE_IS_SWAPPED)
+            n = _libc.ioctl(fd, _PAGEMAP_SCAN, ctypes.byref(arg))
+            if n < 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"PAGEMAP_SCAN: {os.strerror(err)}")
+            out.append(self._arr[:n, :2].copy())
+            if n < len(self._vec) or arg.walk_end <= start:
+                break
+            start = arg.walk_end
+        return np.concatenate(out) if len(out) > 1 else out[0] if out else np.zeros((0, 2), np.uint64)
+
+
 def _mincore_fd(fd: int, offset: int, length: int) -> np.ndarray:
     """Residency (bool per page) of ``length`` bytes at page-aligned ``offset`` of an open file."""
     npages = (length + PAGE - 1) // PAGE
