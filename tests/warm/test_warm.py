@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from coldstart.warm import evict, make_warmer, resident_bytes, start_warming
@@ -406,6 +407,21 @@ def test_present_runs_by_scan_match_pagemap_and_the_recorder_works_without_the_s
     for prof in profs.values():
         assert all(any(r.source == "pagemap" and r.offset <= off < r.offset + r.length for r in prof.ranges)
                    for off in offsets)
+
+
+def test_trim_keeps_going_for_a_mapped_file_never_present(warm_dir):
+    """A snapshot file the tree maps but never had a page of present (the map reload's weights file,
+    whose kept handles leave it almost untouched) with page-cache ranges: the trim drops them (read
+    around, unused) instead of failing the whole recording."""
+    pages = warm_dir / "criu" / "pages-1.img"
+    rec = ProfileRecorder([pages], root=warm_dir, interval=0.01)
+    n = rec._npages(pages)
+    rec._vma_cover[pages] = np.ones(n, dtype=bool)
+    from coldstart.warm.profile import ProfileRange
+
+    out, dropped = rec._trim([ProfileRange(file="criu/pages-1.img", offset=0, length=1 << 20, t=0.1,
+                                           source="pagecache")])
+    assert out == [] and dropped == 1 << 20
 
 
 @retry_on_external_drop

@@ -1095,8 +1095,10 @@ def _finish_warm(warmer, tl: Timeline) -> None:
             tl.mark(EventName.WARM_DONE, bytes=getattr(st, "bytes", 0), profile_saved=str(saved or ""))
         elif saved and tl.get(EventName.WARM_START) is not None:  # recorded without warming
             tl.get(EventName.WARM_START).attrs["profile_saved"] = str(saved)
-    except Exception:
-        pass
+    except Exception as e:  # noqa: BLE001 - the server is up: a lost profile is only a slower next start
+        ws = tl.get(EventName.WARM_START)
+        if ws is not None:  # said in the timeline, not hidden
+            ws.attrs["profile_error"] = f"{type(e).__name__}: {e}"[:200]
 
 
 def _reap(pid: int) -> None:

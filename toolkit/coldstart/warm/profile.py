@@ -566,7 +566,8 @@ class ProfileRecorder:
                 out.append(r)
                 continue
             a, b = r.offset // PAGE, (r.offset + r.length + PAGE - 1) // PAGE
-            keep = ~self._vma_cover[p][a:b] | self._touched[p][a:b]
+            touched = self._touched.get(p)  # (none: mapped, never present in any sample)
+            keep = ~self._vma_cover[p][a:b] | (touched[a:b] if touched is not None else False)
             dropped += int((~keep).sum()) * PAGE
             for x, y in _runs(keep):
                 off = (a + x) * PAGE
