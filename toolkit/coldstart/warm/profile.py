@@ -220,6 +220,7 @@ class ProfileRecorder:
         self._samples = 0
         self._samples_done = 0
         self._cpu = 0.0  # the sampling thread's CPU time: what recording costs a restore beside it
+        self._scan_errors: dict[str, int] = {}  # PAGEMAP_SCAN's failures by errno (meta: said, not hidden)
         self._cond = threading.Condition()
         self._baseline = 0
         self._maps: dict[int, _Vmas] = {}
@@ -368,10 +369,11 @@ class ProfileRecorder:
                     try:
                         self._scan_present(fd, vm, full, out)
                         continue
-                    except OSError as e:
-                        if e.errno not in (errno.ENOTTY, errno.EINVAL, errno.EOPNOTSUPP):
-                            continue  # the process is gone
-                        self._scan = None  # an older kernel: read pagemap from now on
+                    except OSError as e:  # counted (meta scan_errors), then this sample reads pagemap
+                        name = errno.errorcode.get(e.errno, str(e.errno))
+                        self._scan_errors[name] = self._scan_errors.get(name, 0) + 1
+                        if e.errno == errno.ENOTTY:
+                            self._scan = None  # a kernel without it: read pagemap from now on
                 self._read_present(fd, vm, full, out)
             finally:
                 os.close(fd)
@@ -588,6 +590,7 @@ class ProfileRecorder:
             ranges=ranges,
             meta={"interval_s": self.interval, "samples": self._samples, "baseline_resident_bytes": self._baseline,
                   "seconds": round(time.monotonic() - self._t0, 3), "cpu_s": round(self._cpu, 3),
+                  "scan_errors": dict(self._scan_errors), "processes": len(self._maps),
                   "signals": ["pagemap"] * self.use_pagemap + ["pagecache"] * self.use_pagecache, "page_size": PAGE,
                   "mapped_files": len(self.mapped), "readaround_trimmed_bytes": trimmed,
                   "mapped_bytes": sum(r.length for r in self._ranges if os.path.isabs(r.file))},
