@@ -59,7 +59,7 @@ def test_restore_twice_equals_canary(snapshot):
             res.stop()
 
 
-def test_the_snapshot_ships_its_access_profile(snapshot, tmp_path, monkeypatch):
+def test_the_snapshot_ships_its_access_profile(snapshot, tiny_snapshot, tmp_path, monkeypatch):
     """The checkpoint restores the snapshot once more, its files evicted from the page cache, and ships
     the access profile that restore recorded (profile.json, digests in the manifest), without the
     checkpoint process's own files. A node that has never restored it follows that profile at once,
@@ -69,10 +69,11 @@ def test_the_snapshot_ships_its_access_profile(snapshot, tmp_path, monkeypatch):
     from coldstart.warm.snapshot import node_profile
 
     snap, m = snapshot
-    assert "profile.json" in m.files
+    published = tiny_snapshot.timeline.get("PUBLISHED")
+    assert "profile.json" in m.files, published.attrs if published else None  # (profile_skipped: why)
     prof = load_profile(snap / "profile.json")
     assert prof.meta.get("recorded_by") == "checkpoint" and prof.snapshot_id
-    assert any(r.file.startswith("criu/pages-") for r in prof.ranges) and prof.mapped_files()
+    assert any(r.file.startswith("criu/pages-") for r in prof.ranges) and prof.mapped_files(), prof.meta
     assert not [r for r in prof.ranges if r.source == "process"]
     monkeypatch.setenv("COLDSTART_STATE_DIR", str(tmp_path / "state"))  # a node that never restored it
     assert not node_profile(snap).exists()

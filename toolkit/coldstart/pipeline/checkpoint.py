@@ -349,6 +349,7 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
             else:
                 m.files = files
                 tl.mark(EventName.HOT_LAYOUT, **m.layout)
+        shipped: dict = {}
         if opts.profile and device == "cpu":
             from coldstart.pipeline.layout import RecordingFailed, record_profile
 
@@ -358,9 +359,10 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
                 files = {**files, "profile.json": record_profile(staging, say=say)}
             except RecordingFailed as e:  # an optimisation: each node then records its own
                 say(f"access profile skipped: {e}")
+                shipped = {"profile_skipped": str(e)[:300]}
             else:
                 m.files = files
-        tl.mark(EventName.PUBLISHED, bytes=sum(f.size for f in files.values()))
+        tl.mark(EventName.PUBLISHED, bytes=sum(f.size for f in files.values()), **shipped)
         m.timings = {e.name: e.t for e in tl.events}
         m.timings["kv_cache_bytes"] = opts.kv_cache_bytes
         write_manifest(staging, m)

@@ -105,6 +105,8 @@ def record_profile(snap: Path, say: Callable[[str], None] = lambda s: None, time
                                          settle=False, timeout=timeout), say=lambda s: None)
         except ColdstartError as e:
             raise RecordingFailed(f"the profile's restore failed: {e}") from None
+        ws = res.timeline.get("WARM_START")
+        why = (ws.attrs.get("profile_error") if ws is not None else None) or ""
         try:
             if not res.restored:
                 raise RecordingFailed(f"the profile's restore failed: {res.fallback_reason}")
@@ -117,7 +119,7 @@ def record_profile(snap: Path, say: Callable[[str], None] = lambda s: None, time
     try:
         prof = load_profile(node)
     except (ColdstartError, OSError) as e:
-        raise RecordingFailed(f"the restore recorded no profile ({e})") from None
+        raise RecordingFailed(f"the restore recorded no profile ({why or e})") from None
     finally:
         node.unlink(missing_ok=True)
     # this process's own files (source "process") are a checkpoint's, not a restore entrypoint's

@@ -749,7 +749,10 @@ class _Checks:
             bad = (self.failure() or self.exited()) if t.is_alive() else None
             if bad:
                 raise RestoreFailed(bad)
-        if "error" in box:
+        if "error" in box:  # the call failed first (an API server answers 500 for its dead engine):
+            bad = self.failure() or self.exited()  # the cause, where the watch sees one, over its echo
+            if bad:
+                raise RestoreFailed(bad) from box["error"]
             raise box["error"]
         return box.get("value")
 
