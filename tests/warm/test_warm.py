@@ -814,6 +814,39 @@ def test_mapped_files_recorded_then_only_their_ranges_warmed(warm_dir, tmp_path,
         os.rename(gone, lib)
 
 
+def test_the_last_sample_sees_mappings_younger_than_the_maps_refresh(warm_dir, tmp_path):
+    """A restore of a small model reaches its first token ~0.2 s after the recorder starts: the
+    tree's final mappings are younger than the last maps refresh (5 a second). The final sample
+    re-reads them: the snapshot pages and the libraries the tree touched are in the profile, and
+    a process that maps no snapshot file (CRIU itself, a helper) adds none of its libraries."""
+    snap, pages, lib = _mapped_snapshot(warm_dir, tmp_path)
+    other_lib = warm_dir / f"libother-{tmp_path.name}.so"
+    _write(other_lib, 1 * MiB)
+    old = {int(d) for d in os.listdir("/proc") if d.isdigit()}
+    gate = "import sys; sys.stdin.readline(); exec(sys.argv.pop())"  # maps when told, then waits
+    p = subprocess.Popen([sys.executable, "-c", gate, str(pages), str(lib), str(64 * MiB), _MAPPER],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    helper = subprocess.Popen([sys.executable, "-c", "import mmap, sys; f = open(sys.argv[1], 'rb'); "
+                               "m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ); m[0]; print('up', flush=True); "
+                               "sys.stdin.readline()", str(other_lib)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert helper.stdout.readline().startswith("up")
+        rec = ProfileRecorder([pages], root=snap, interval=60, old_pids=old, track_mapped=True).start()
+        rec._sample()  # (the thread's first sample: maps read before the tree maps anything)
+        p.stdin.write("\n")
+        p.stdin.flush()
+        assert p.stdout.readline().startswith("touched")
+        prof = rec.stop()  # at once: well within 0.2 s of that read
+    finally:
+        for q in (p, helper):
+            q.kill()
+            q.wait()
+    assert lib in prof.mapped_files() and other_lib not in prof.mapped_files(), prof.meta
+    assert any(r.file == "criu/pages-1.img" and r.source == "pagemap" and r.offset == 0 for r in prof.ranges)
+    assert any(r.file == str(lib) and r.offset <= 64 * MiB < r.offset + r.length for r in prof.ranges)
+
+
 @retry_on_external_drop
 def test_rest_after_release(warm_dir, tmp_path, monkeypatch):
     """rest="after": the profile's ranges are warmed at once, what it does not name only once the

@@ -242,14 +242,15 @@ class ProfileRecorder:
         finally:
             os.close(fd)
 
-    def _refresh_maps(self) -> None:
-        """Which processes map which part of which snapshot file (re-read 5 times a second; parsed
-        again only where a process's maps changed: a restored vLLM process has ~3000 mappings).
+    def _refresh_maps(self, force: bool = False) -> None:
+        """Which processes map which part of which snapshot file (re-read 5 times a second, and at
+        the final sample: the tree's last mappings may be younger than 0.2 s; parsed again only
+        where a process's maps changed: a restored vLLM process has ~3000 mappings).
 
         Only processes born after recording started are scanned (the restored tree is): reading
         every /proc/PID/maps of a busy host costs ~0.3 s of CPU, next to nothing for a few pids."""
         now = time.monotonic()
-        if now - self._maps_at < 0.2:
+        if now - self._maps_at < 0.2 and not force:
             return
         self._maps_at = now
         if self.pids is not None:
@@ -277,12 +278,12 @@ class ProfileRecorder:
         """One process's mappings of the watched files (None: it maps none of the snapshot's): the
         snapshot's own and (track_mapped) its other regular files, in address order. Each line is
         parsed once (``_lines``): a restored tree's maps change while it wakes, a few lines at a time.
-        Marks the snapshot pages they cover (_vma_cover: the trim's "inside the tree's mappings")."""
+        Another process's files (CRIU's own, a helper's) are not followed: only the tree's are."""
         if not self._names:
             self._names = {str(p): p for p in self.paths}
             self._names.update({str(p.resolve()): p for p in self.paths})  # /proc/PID/maps shows real paths
         vmas: list[tuple[int, int, int, Path]] = []
-        snap = False
+        others: list[tuple[int, int, int, str]] = []
         for line in text.splitlines():
             if "/" not in line:
                 continue  # anonymous
@@ -290,11 +291,21 @@ class ProfileRecorder:
             if v is False:
                 v = self._lines[line] = self._parse_line(line)
             if v is not None:
-                vmas.append(v)
-                snap = snap or v[3] not in self.mapped
-        return _Vmas(text, vmas, self.mapped) if snap else None
+                (others if isinstance(v[3], str) else vmas).append(v)
+        if not vmas:
+            return None
+        if others:
+            for start, end, off, name in others:
+                path = self._add_mapped(name)
+                if path is not None:
+                    vmas.append((start, end, off, path))
+            vmas.sort(key=lambda v: v[0])
+        return _Vmas(text, vmas, self.mapped)
 
-    def _parse_line(self, line: str) -> tuple[int, int, int, Path] | None:
+    def _parse_line(self, line: str) -> tuple[int, int, int, Path | str] | None:
+        """A maps line as (start, end, file offset, snapshot file), or with the name (a str) of
+        another file (track_mapped), or None. Marks the snapshot pages a mapping covers
+        (_vma_cover: the trim's "inside the tree's mappings")."""
         parts = line.split(None, 5)
         if len(parts) < 6 or not parts[5].startswith("/"):
             return None
@@ -309,10 +320,7 @@ class ProfileRecorder:
                     cover = self._vma_cover[path] = np.zeros(total, dtype=bool)
                 cover[first:first + min((end - start) // PAGE, total - first)] = True
             return start, end, off, path
-        if not self.track_mapped:
-            return None
-        path = self._add_mapped(parts[5])
-        return (start, end, off, path) if path is not None else None
+        return (start, end, off, parts[5]) if self.track_mapped else None
 
     def _add_mapped(self, name: str) -> Path | None:
         """Start following a file the restored tree maps (outside the snapshot), or None to skip it:
@@ -353,12 +361,12 @@ class ProfileRecorder:
             except OSError:
                 continue
 
-    def _pagemap(self, full: bool = True) -> dict[Path, np.ndarray]:
+    def _pagemap(self, full: bool = True, final: bool = False) -> dict[Path, np.ndarray]:
         """Pages present in the watched processes' page tables, per file. ``full`` False skips the
         mapped files outside the snapshot. By PAGEMAP_SCAN where the kernel has it (residency.PresentScan:
         the runs only), else by reading pagemap (8 bytes per mapped page)."""
         out: dict[Path, np.ndarray] = {}
-        self._refresh_maps()
+        self._refresh_maps(force=final)
         for pid, vm in self._maps.items():
             try:
                 fd = os.open(f"/proc/{pid}/pagemap", os.O_RDONLY | os.O_CLOEXEC)
@@ -473,7 +481,7 @@ class ProfileRecorder:
         self._update_issued()  # before mincore: a range issued now may become resident in this sample
         new_by_source: list[tuple[str, Path, np.ndarray]] = []
         if self.use_pagemap:
-            for p, mask in self._pagemap(full=final or self._samples % 4 == 1).items():
+            for p, mask in self._pagemap(full=final or self._samples % 4 == 1, final=final).items():
                 new_by_source.append(("pagemap", p, mask))
         for p in self.paths if self.use_pagecache else ():
             if p in self._pc_all:
