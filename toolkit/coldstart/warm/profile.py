@@ -242,15 +242,15 @@ class ProfileRecorder:
         finally:
             os.close(fd)
 
-    def _refresh_maps(self, force: bool = False) -> None:
+    def _refresh_maps(self) -> None:
         """Which processes map which part of which snapshot file (re-read 5 times a second, and at
-        the final sample: the tree's last mappings may be younger than 0.2 s; parsed again only
-        where a process's maps changed: a restored vLLM process has ~3000 mappings).
+        the final sample: see stop(); parsed again only where a process's maps changed: a restored
+        vLLM process has ~3000 mappings).
 
         Only processes born after recording started are scanned (the restored tree is): reading
         every /proc/PID/maps of a busy host costs ~0.3 s of CPU, next to nothing for a few pids."""
         now = time.monotonic()
-        if now - self._maps_at < 0.2 and not force:
+        if now - self._maps_at < 0.2:
             return
         self._maps_at = now
         if self.pids is not None:
@@ -361,12 +361,12 @@ class ProfileRecorder:
             except OSError:
                 continue
 
-    def _pagemap(self, full: bool = True, final: bool = False) -> dict[Path, np.ndarray]:
+    def _pagemap(self, full: bool = True) -> dict[Path, np.ndarray]:
         """Pages present in the watched processes' page tables, per file. ``full`` False skips the
         mapped files outside the snapshot. By PAGEMAP_SCAN where the kernel has it (residency.PresentScan:
         the runs only), else by reading pagemap (8 bytes per mapped page)."""
         out: dict[Path, np.ndarray] = {}
-        self._refresh_maps(force=final)
+        self._refresh_maps()
         for pid, vm in self._maps.items():
             try:
                 fd = os.open(f"/proc/{pid}/pagemap", os.O_RDONLY | os.O_CLOEXEC)
@@ -481,7 +481,7 @@ class ProfileRecorder:
         self._update_issued()  # before mincore: a range issued now may become resident in this sample
         new_by_source: list[tuple[str, Path, np.ndarray]] = []
         if self.use_pagemap:
-            for p, mask in self._pagemap(full=final or self._samples % 4 == 1, final=final).items():
+            for p, mask in self._pagemap(full=final or self._samples % 4 == 1).items():
                 new_by_source.append(("pagemap", p, mask))
         for p in self.paths if self.use_pagecache else ():
             if p in self._pc_all:
@@ -589,6 +589,9 @@ class ProfileRecorder:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+        # the maps read again: a small model's restore ends ~0.2 s after recording starts, and its
+        # last mappings would be younger than the last refresh
+        self._maps_at = -1.0
         self._sample(final=True)
         ranges, trimmed = self._trim(self._ranges) if self.trim else (list(self._ranges), 0)
         return Profile(
