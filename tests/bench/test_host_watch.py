@@ -67,11 +67,15 @@ def test_memory_kept_turns_the_reporting_off_and_puts_it_back(tmp_path, monkeypa
 
     d = _fake_reporting(tmp_path, monkeypatch, 9, 0)
     monkeypatch.setattr(host, "_active", HostWatch(every=0.2, min_cores=50.0))  # this test's own, not the session's
+    (d / "reported_kib").write_text(f"{2 << 20}\n")  # 2 GiB reported before (a benchmark's setup: builds)
     with host.memory_kept(margin=1 << 60, say=lambda m: None) as kept:  # (a margin above any memory: touches none)
         assert (d / "page_reporting_order").read_text().strip() == str(host.REPORTING_OFF_ORDER)
         assert kept == {"order_was": 9, "touched_bytes": 0}
     assert (d / "page_reporting_order").read_text().strip() == "9"
-    assert "turned off for the measurements" in host.watch().describe()
+    line = host.watch().describe()
+    assert "turned off for the measurements" in line
+    # what the setup handed back is not told as handed back during the measurements
+    assert "0.0 GiB handed back to the hypervisor while it was off, 2.0 GiB before or after" in line, line
 
 
 def test_every_benchmark_that_drops_the_page_cache_can_keep_the_vms_memory() -> None:

@@ -96,6 +96,9 @@ def memory_kept(margin: int = 2 << 30, say=print):
         watch().memory_kept = True
         yield {"order_was": before["order"], "touched_bytes": touched}
     finally:
+        now = page_reporting()
+        if now is not None:  # what the guest reported while it was off (none expected: no block is that large)
+            watch().kept_kib += now["reported_kib"] - before["reported_kib"]
         order.write_text(f"{before['order']}\n")
 
 
@@ -117,6 +120,7 @@ class HostWatch:
     samples: int = 0
     reporting0: dict | None = field(default_factory=page_reporting)  # when the watch started
     memory_kept: bool = False  # memory_kept() turned the reporting off for (part of) the run
+    kept_kib: int = 0  # KiB reported while memory_kept() had it off
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
@@ -173,8 +177,12 @@ class HostWatch:
         if now is None or self.reporting0 is None:
             return ""
         gib = (now["reported_kib"] - self.reporting0["reported_kib"]) / 2**20
-        state = ("turned off for the measurements, free memory touched first (--keep-memory)" if self.memory_kept
-                 else "off" if now["order"] >= REPORTING_OFF_ORDER else f"on (order {now['order']})")
+        if self.memory_kept:  # the run's setup (image builds, checkpoints) ran with the reporting on
+            kept = self.kept_kib / 2**20
+            return ("; the VM's free page reporting turned off for the measurements, free memory touched first "
+                    f"(--keep-memory): {kept:.1f} GiB handed back to the hypervisor while it was off, "
+                    f"{gib - kept:.1f} GiB before or after (with the reporting on)")
+        state = "off" if now["order"] >= REPORTING_OFF_ORDER else f"on (order {now['order']})"
         return f"; the VM's free page reporting {state}: {gib:.1f} GiB handed back to the hypervisor during the run"
 
     def describe(self) -> str:
