@@ -11,13 +11,18 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
-def docker_client():
+def docker_host() -> str:
+    """The address of our dockerd (started if it is not running)."""
     p = subprocess.run([str(REPO / "scripts" / "start-docker")], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
-    host = p.stdout.strip().split("=", 1)[1]
+    return p.stdout.strip().split("=", 1)[1]
+
+
+@pytest.fixture(scope="session")
+def docker_client(docker_host):
     from coldstart.containers import docker_api
 
-    return docker_api.client(host)
+    return docker_api.client(docker_host)
 
 
 @pytest.fixture(scope="session")

@@ -314,3 +314,30 @@ def test_a_hot_layout_checkpointed_in_a_container_restores_in_a_new_one(docker_c
         assert prof.mapped_files() and any(r.source == "process" for r in prof.ranges)
     finally:
         shutil.rmtree(res.snapshot, ignore_errors=True)
+
+
+def test_the_container_restore_command_prints_where_the_host_reaches_the_server(docker_host, docker_client, app_image,
+                                                                                container_snapshot, tiny_model_dir):
+    """`coldstart container restore` as a user runs it: its summary's url is the published port on the
+    host (the entrypoint's own, inside the container, is container_url), and that port serves."""
+    import os
+    import subprocess
+    import sys
+
+    port = free_port()
+    name = f"coldstart-test-cli-{os.getpid()}"
+    try:
+        p = subprocess.run([sys.executable, "-m", "coldstart", "container", "restore", str(container_snapshot),
+                            "--model", str(tiny_model_dir), "--port", str(port), "--name", name,
+                            "--host", docker_host], capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stderr[-3000:]
+        out = json.loads(p.stdout.strip().splitlines()[-1])
+        assert out["restored"] is True and out["status"] == "running", out
+        assert out["url"] == f"http://127.0.0.1:{port}" and out["container_url"] == "http://127.0.0.1:8000", out
+        assert "CONTAINER_CREATE" in out["events"] and "CONTAINER_STARTED" in out["events"], out["events"]
+        assert _completion(port, str(tiny_model_dir))["choices"][0]["text"]
+    finally:
+        try:
+            docker_client.containers.get(name).remove(force=True)
+        except Exception:  # noqa: BLE001 - the command failed before it created the container
+            pass

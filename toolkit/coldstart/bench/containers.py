@@ -16,11 +16,10 @@ import os
 import socket
 import statistics
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
+from coldstart.containers.run import first_completion, summary  # noqa: F401 - (experiments import them from here)
 from coldstart.warm.residency import evict_all
 
 Say = Callable[[str], None]
@@ -42,37 +41,6 @@ def wait_port_closed(port: int, timeout: float = 60.0) -> None:
                 return
         time.sleep(0.2)
     raise RuntimeError(f"port {port} still in use after {timeout:.0f} s")
-
-
-def first_completion(port: int, model: str, deadline: float, ctr) -> float:
-    """Poll a 1-token completion until it answers; returns the monotonic time it did."""
-    body = json.dumps({"model": model, "prompt": "The capital of France is", "max_tokens": 1,
-                       "temperature": 0}).encode()
-    while time.monotonic() < deadline:
-        try:
-            req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
-                                         headers={"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=30) as r:
-                if r.status == 200:
-                    return time.monotonic()
-        except (urllib.error.URLError, ConnectionError, OSError):
-            pass
-        ctr.reload()
-        if ctr.status not in ("created", "running"):
-            raise RuntimeError(f"container {ctr.status}: {ctr.logs().decode(errors='replace')[-500:]}")
-        time.sleep(0.05)
-    raise RuntimeError("no first token before the deadline")
-
-
-def summary(ctr, deadline: float) -> dict:
-    """The entrypoint's one-line JSON summary ({"url", "restored", "fallback_reason", ...})."""
-    while time.monotonic() < deadline:
-        logs = ctr.logs().decode(errors="replace")
-        line = next((ln for ln in logs.splitlines() if ln.startswith('{"url"')), None)
-        if line:
-            return json.loads(line)
-        time.sleep(0.1)
-    return {}
 
 
 def one_start(c, image: str, method: str, model: Path, snap: Path, layers: list[Path] | None = None,

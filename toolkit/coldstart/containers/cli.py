@@ -84,15 +84,16 @@ def _serve_container(ctr, port: int, t0: float, warmer=None, created_s: float | 
     import json as _json
     import time
 
-    from coldstart.bench.containers import summary
-    from coldstart.containers.run import with_host_events
+    from coldstart.containers.run import summary, with_host_events
 
     summ = with_host_events(summary(ctr, time.monotonic() + 900), created_s, started_s)
     if warmer is not None:
         warmer.wait()
     ctr.reload()
-    typer.echo(_json.dumps({"container": ctr.id[:12], "url": f"http://127.0.0.1:{port}",
-                            "status": ctr.status, "seconds_from_create": round(time.monotonic() - t0, 2), **summ}))
+    # "url": where the host reaches the server (the published port); the entrypoint's own is the container's
+    typer.echo(_json.dumps({"container": ctr.id[:12], "status": ctr.status,
+                            "seconds_from_create": round(time.monotonic() - t0, 2), **summ,
+                            "url": f"http://127.0.0.1:{port}", "container_url": summ.get("url")}))
 
 
 @container_app.command("restore")
@@ -148,14 +149,13 @@ def run_cold_command(
     import time
 
     from coldstart.containers import docker_api, image, run
-    from coldstart.bench.containers import first_completion
 
     c = docker_api.client(host)
     img = image.app_image(c, Path(__file__).resolve().parents[3], say=lambda m: typer.echo(m, err=True))
     t0 = time.monotonic()
     ctr = run.create_naive(c, img.tag, model, port)
     ctr.start()
-    t1 = first_completion(port, str(Path(model).resolve()), t0 + 900, ctr)
+    t1 = run.first_completion(port, str(Path(model).resolve()), t0 + 900, ctr)
     typer.echo(json.dumps({"container": ctr.id[:12], "url": f"http://127.0.0.1:{port}",
                            "first_token_s_from_create": round(t1 - t0, 2)}))
 

@@ -20,9 +20,12 @@ passed. Each replica has its own network namespace: any number of one snapshot r
 """
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -156,6 +159,37 @@ def with_host_events(summary: dict, created_s: float | None, started_s: float | 
         if t is not None:
             events[name.value] = round(t, 6)
     return {**summary, "events": dict(sorted(events.items(), key=lambda kv: kv[1]))}
+
+
+def first_completion(port: int, model: str, deadline: float, ctr) -> float:
+    """Poll a 1-token completion until it answers; returns the monotonic time it did."""
+    body = json.dumps({"model": model, "prompt": "The capital of France is", "max_tokens": 1,
+                       "temperature": 0}).encode()
+    while time.monotonic() < deadline:
+        try:
+            req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=30) as r:
+                if r.status == 200:
+                    return time.monotonic()
+        except (urllib.error.URLError, ConnectionError, OSError):
+            pass
+        ctr.reload()
+        if ctr.status not in ("created", "running"):
+            raise RuntimeError(f"container {ctr.status}: {ctr.logs().decode(errors='replace')[-500:]}")
+        time.sleep(0.05)
+    raise RuntimeError("no first token before the deadline")
+
+
+def summary(ctr, deadline: float) -> dict:
+    """The entrypoint's one-line JSON summary ({"url", "restored", "fallback_reason", ...})."""
+    while time.monotonic() < deadline:
+        logs = ctr.logs().decode(errors="replace")
+        line = next((ln for ln in logs.splitlines() if ln.startswith('{"url"')), None)
+        if line:
+            return json.loads(line)
+        time.sleep(0.1)
+    return {}
 
 
 def start_restore(c, image: str, snapshot: Path, model: Path, host_port: int, **kw):
