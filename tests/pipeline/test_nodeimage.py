@@ -116,6 +116,12 @@ def test_restore_takes_the_image_itself_and_mounts_it_once(snapshot, tmp_path, m
     monkeypatch.setenv("COLDSTART_NODE_DIR", str(node))
     [at] = [d for d in (node / "images").iterdir() if d.is_dir()]
     assert os.path.ismount(at) and nodeimage.mounted(image) == at  # the same mount, not a second one
-    nodeimage.unmount(at)
+    # unmounted by the image's name, the path its user knows
+    out = subprocess.run([sys.executable, "-m", "coldstart", "snapshot", "unmount", str(image)],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0 and str(at) in out.stderr + out.stdout, out
+    assert not os.path.ismount(at)
+    with pytest.raises(ColdstartError, match="not mounted under the node dir"):
+        nodeimage.unmount(image)
     with pytest.raises(ColdstartError, match="not an image"):
         nodeimage.mounted(snap / "manifest.json")

@@ -163,12 +163,12 @@ def snapshot_mount(image: Path = typer.Argument(..., help="An image written by `
 
 
 @snapshot_app.command("unmount")
-def snapshot_unmount(at: Path = typer.Argument(..., help="Where `snapshot mount` mounted an image.")) -> None:
+def snapshot_unmount(at: Path = typer.Argument(..., help="Where `snapshot mount` mounted an image, or the image "
+                                                      "itself where `coldstart restore IMAGE` mounted it.")) -> None:
     """Unmount a packed snapshot; refused while a restore maps its files."""
     from coldstart.pipeline.nodeimage import unmount
 
-    unmount(at)
-    _say(f"unmounted {at}")
+    _say(f"unmounted {unmount(at)}")
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:

@@ -99,12 +99,20 @@ def mount(image: Path, at: Path) -> Path:
     return at
 
 
-def unmount(at: Path) -> None:
-    """Unmount a mounted image; refused while a restore maps its files (the kernel says busy)."""
+def unmount(at: Path) -> Path:
+    """Unmount a mounted image: its mount point, or the image itself where `coldstart restore IMAGE`
+    mounted it (under the node dir: the user never saw that path); refused while a restore maps its
+    files (the kernel says busy). Returns the mount point it unmounted."""
     at = Path(at)
+    if at.is_file() and is_image(at):
+        image, at = at, node_mount_point(at)
+        if not os.path.ismount(at):
+            raise ColdstartError(f"{image} is not mounted under the node dir ({at}); give the directory "
+                                 "`snapshot mount` mounted it at")
     if not os.path.ismount(at):
         raise ColdstartError(f"{at} is not a mount point")
     _run(["umount", str(at)], f"unmounting {at}")
+    return at
 
 
 def is_image(path: Path) -> bool:
@@ -117,6 +125,13 @@ def is_image(path: Path) -> bool:
         return False
 
 
+def node_mount_point(image: Path) -> Path:
+    """Where `coldstart restore IMAGE` mounts ``image`` on this node: one directory per image, keyed
+    by its path and identity (a new image at the same path gets its own)."""
+    key = hashlib.sha256(repr((os.path.realpath(image), *identity(os.stat(image)))).encode()).hexdigest()[:16]
+    return node_dir() / "images" / key
+
+
 def mounted(image: Path) -> Path:
     """Where ``image`` is mounted read-only on this node, mounting it first if it is not: one mount
     point per image (by its path and identity) under the node dir, shared by every restore of it
@@ -126,11 +141,9 @@ def mounted(image: Path) -> Path:
     if not is_image(image):
         raise ColdstartError(f"{image} is a file but not an image written by `coldstart snapshot pack` "
                              "(a snapshot is a directory)")
-    st = os.stat(image)
-    key = hashlib.sha256(repr((os.path.realpath(image), *identity(st))).encode()).hexdigest()[:16]
-    root = node_dir() / "images"
+    at = node_mount_point(image)
+    root = at.parent
     root.mkdir(parents=True, exist_ok=True)
-    at = root / key
     with open(root / ".lock", "w") as lock:  # two restores of one image at once mount it once
         fcntl.flock(lock, fcntl.LOCK_EX)
         return at if os.path.ismount(at) else mount(image, at)
