@@ -1112,7 +1112,7 @@ def bench_load_command(
     reps: int = typer.Option(5, "--reps", help="repetitions per cell (medians; >= 5 for the issue's figures)"),
     out: Path = typer.Option(Path("results/bench-load"), "--out", help="results directory (replaced atomically)"),
     model_dir: Optional[Path] = typer.Option(None, "--model-dir",
-                                             help="safetensors model dir [default: $COLDSTART_CACHE/models/SIZE-seed0, made if missing]"),
+                                             help="safetensors model dir (default: $COLDSTART_CACHE/models/SIZE-seed0, made if missing)"),
     size: str = typer.Option("bench", "--size", help="self-made model size when --model-dir is not given (bench|tiny)"),
     methods: str = typer.Option(",".join(ALL_METHODS), "--methods", help="comma list of: " + ",".join(ALL_METHODS)),
     cache: str = typer.Option("cold,warm", "--cache", help="cache states: cold,warm"),
@@ -1121,7 +1121,7 @@ def bench_load_command(
     quick: bool = typer.Option(False, "--quick", help="2 fio configs, 1 warm-limit config, the loader default (+ its O_DIRECT form cold) only"),
     seed: int = typer.Option(0, "--seed", help="seed of the shuffled order"),
     work_dir: Optional[Path] = typer.Option(None, "--work-dir",
-                                            help="where the flat dump and tensorizer file are cached [default: $COLDSTART_CACHE/bench-load/...]"),
+                                            help="where the flat dump and tensorizer file are cached (default: $COLDSTART_CACHE/bench-load/...)"),
     keep_memory: bool = typer.Option(False, "--keep-memory", help=hostwatch.KEEP_MEMORY_HELP),
 ) -> None:
     """Our loader vs the measured storage limit, safetensors and peers; cold and warm, side by side."""

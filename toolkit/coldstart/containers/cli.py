@@ -12,12 +12,13 @@ from coldstart.bench.host import KEEP_MEMORY_HELP
 container_app = typer.Typer(no_args_is_help=True, help="The runtime image and coldstart in containers (our dockerd: "
                             "scripts/start-docker).")
 
+HOST_HELP = "dockerd address (default: $COLDSTART_DOCKER_HOST, $DOCKER_HOST, else scripts/start-docker's socket)"
+
 
 @container_app.command("build")
 def build_command(
     repo: Path = typer.Option(Path(__file__).resolve().parents[3], "--repo", help="checkout whose toolkit/ goes in"),
-    host: Optional[str] = typer.Option(None, "--host", help="dockerd address [default: $COLDSTART_DOCKER_HOST, "
-                                       "$DOCKER_HOST, else scripts/start-docker's socket]"),
+    host: Optional[str] = typer.Option(None, "--host", help=HOST_HELP),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Build (or find cached) the runtime image: Debian base + venv + patched criu + coldstart,
@@ -33,7 +34,7 @@ def build_command(
 
 
 @container_app.command("info")
-def info_command(host: Optional[str] = typer.Option(None, "--host")) -> None:
+def info_command(host: Optional[str] = typer.Option(None, "--host", help=HOST_HELP)) -> None:
     """What the daemon is and what it allows (the capability names it knows), and the OCI runtime our
     containers run under there (the daemon's default, or $COLDSTART_OCI_RUNTIME)."""
     from coldstart.containers import docker_api
@@ -55,7 +56,7 @@ def checkpoint_command(
                                                show_default="on where the rehearsal took >= 0.25 s to pack them",
                                                help="as `coldstart checkpoint --keep-packed`: the linear layers' "
                                                "packed GEMM handles kept in the image"),
-    host: Optional[str] = typer.Option(None, "--host"),
+    host: Optional[str] = typer.Option(None, "--host", help=HOST_HELP),
 ) -> None:
     """Checkpoint MODEL inside a container of the image; the snapshot lands in OUT on the host. The
     server runs without capabilities, so the snapshot restores in a least-privilege container. The
@@ -106,7 +107,7 @@ def restore_command(
     name: Optional[str] = typer.Option(None, "--name", help="container name"),
     host_warm: bool = typer.Option(True, "--host-warm/--no-host-warm",
                                    help="warm the snapshot's page cache from the host, from the create call on"),
-    host: Optional[str] = typer.Option(None, "--host"),
+    host: Optional[str] = typer.Option(None, "--host", help=HOST_HELP),
 ) -> None:
     """Start a container that restores SNAPSHOT (entrypoint `coldstart restore`, least privilege, its own
     network, the port published) and wait for its summary line (restored or fallback, and why)."""
@@ -142,7 +143,7 @@ def restore_command(
 def run_cold_command(
     model: Path = typer.Argument(..., help="model directory (mounted read-only)"),
     port: int = typer.Option(8000, "--port", help="host port (127.0.0.1) published to the container's 8000"),
-    host: Optional[str] = typer.Option(None, "--host"),
+    host: Optional[str] = typer.Option(None, "--host", help=HOST_HELP),
 ) -> None:
     """The naive container start, to compare with: vLLM's own server in the same image, docker's default
     security; prints the seconds from the create call to the first completion."""
@@ -178,7 +179,7 @@ def bench_container(
     work: Path = typer.Option(Path("/var/tmp/coldstart-bench-container"), help="where the snapshots are kept"),
     out: Path = typer.Option(Path("results/container"), help="results directory (raw.jsonl, table.md, COMMAND)"),
     keep_memory: bool = typer.Option(False, "--keep-memory", help=KEEP_MEMORY_HELP),
-    host: Optional[str] = typer.Option(None, "--host"),
+    host: Optional[str] = typer.Option(None, "--host", help=HOST_HELP),
 ) -> None:
     """Container restore (with and without host warming overlapped with create) vs the naive container
     start, first token from the docker-py create call; the disk's bandwidth measured in the same run."""

@@ -38,7 +38,7 @@ def serve_command(
     model: Path = typer.Argument(..., help="model directory (Hugging Face layout)"),
     port: int = typer.Option(8000, "--port"),
     run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="caches, sockets, temp files, server.log "
-                                           "[default: ./coldstart-run-PORT]"),
+                                           "(default: ./coldstart-run-PORT)"),
     kv_cache_mb: int = typer.Option(256, "--kv-cache-mb", help="KV cache size (CPU: explicit, no profiling)"),
     sleep_mode: bool = typer.Option(True, "--sleep-mode/--no-sleep-mode", help="sleep mode (CPU: our worker)"),
     load_format: Optional[str] = typer.Option(None, "--load-format", help="e.g. coldstart (our flat file)"),
@@ -91,16 +91,16 @@ def sleep_command(level: int = typer.Option(2, "--level", min=0, max=2), url: st
 
 
 def wake_command(tags: Optional[List[str]] = typer.Option(None, "--tags", help="weights and/or kv_cache "
-                                                          "[default: all]"), url: str = URL,
+                                                          "(default: all)"), url: str = URL,
                  token: Optional[str] = TOKEN) -> None:
     """Wake the engine (released pages come back zero-filled: reload the weights next)."""
     print(json.dumps(_client(url, token).wake_up(tags or None)))
 
 
-def reload_command(flat: Optional[Path] = typer.Argument(None, help="flat dump dir [default: found from "
-                                                          "the model]"),
-                   threads: Optional[int] = typer.Option(None, "--threads", help="loader readers [default: "
-                                                         "8 on CPU, 8-16 by CPU count on CUDA]"),
+def reload_command(flat: Optional[Path] = typer.Argument(None, help="flat dump dir (default: found from "
+                                                          "the model)"),
+                   threads: Optional[int] = typer.Option(None, "--threads", help="loader readers (default: "
+                                                         "8 on CPU, 8-16 by CPU count on CUDA)"),
                    mode: str = typer.Option("auto", "--mode", help="map (file mapped over the weight arena, CPU) "
                                             "| copy (our parallel loader) | auto (map if the layout matches)"),
                    packed: bool = typer.Option(True, "--packed/--no-packed", help="after sleep level 2, map the "
@@ -122,7 +122,7 @@ def dump_weights_command(out: Path = typer.Argument(..., help="new directory for
 
 
 def dump_packed_command(flat: Optional[Path] = typer.Argument(None, help="the flat dump the handles were packed "
-                                                                     "from [default: found from the model]"),
+                                                                     "from (default: found from the model)"),
                         url: str = URL, token: Optional[str] = TOKEN) -> None:
     """Write the packed GEMM handles' buffers beside the flat dump they were packed from
     (<flat>/packed-<signature>): a reload from that dump after sleep level 2 then maps them back

@@ -12,7 +12,7 @@ from coldstart.models.tiny import model_dir
 def make_tiny_command(
     size: str = typer.Option("tiny", "--size", help="tiny (~7 MB, tests) or bench (~1.3 GiB, benchmarks)"),
     seed: int = typer.Option(0, "--seed", help="everything (tokenizer, weights) is deterministic from it"),
-    out: Optional[Path] = typer.Option(None, "--out", help="output dir [default: $COLDSTART_CACHE/models/SIZE-seedSEED]"),
+    out: Optional[Path] = typer.Option(None, "--out", help="output dir (default: $COLDSTART_CACHE/models/SIZE-seedSEED)"),
     overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing model at OUT"),
 ) -> None:
     """Make a Llama model with random weights and a locally trained tokenizer (loads offline)."""
