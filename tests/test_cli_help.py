@@ -19,3 +19,9 @@ def test_no_help_text_is_dropped_by_the_rich_help() -> None:
             for p in cmd.params if "[default:" in (getattr(p, "help", None) or "")]
     assert not said, said
     assert sum(1 for _ in _commands(typer.main.get_command(app))) > 50  # the walk reached the subcommands
+
+
+def test_every_argument_and_option_says_what_it_is() -> None:
+    bare = [f"{' '.join(path)} {p.name}" for path, cmd in _commands(typer.main.get_command(app))
+            for p in cmd.params if p.name != "help" and not (getattr(p, "help", None) or "").strip()]
+    assert not bare, bare

@@ -19,7 +19,7 @@ HOST_HELP = "dockerd address (default: $COLDSTART_DOCKER_HOST, $DOCKER_HOST, els
 def build_command(
     repo: Path = typer.Option(Path(__file__).resolve().parents[3], "--repo", help="checkout whose toolkit/ goes in"),
     host: Optional[str] = typer.Option(None, "--host", help=HOST_HELP),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help="print the image's tag, id and whether it was cached as JSON"),
 ) -> None:
     """Build (or find cached) the runtime image: Debian base + venv + patched criu + coldstart,
     ENTRYPOINT `coldstart restore`. The first build imports several GB; later ones reuse it."""

@@ -36,7 +36,7 @@ def _print_answers(res) -> None:
 def serve_command(
     ctx: typer.Context,
     model: Path = typer.Argument(..., help="model directory (Hugging Face layout)"),
-    port: int = typer.Option(8000, "--port"),
+    port: int = typer.Option(8000, "--port", help="the server's port on 127.0.0.1"),
     run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="caches, sockets, temp files, server.log "
                                            "(default: ./coldstart-run-PORT)"),
     kv_cache_mb: int = typer.Option(256, "--kv-cache-mb", help="KV cache size (CPU: explicit, no profiling)"),
@@ -84,7 +84,8 @@ def serve_command(
         eng.stop()
 
 
-def sleep_command(level: int = typer.Option(2, "--level", min=0, max=2), url: str = URL,
+def sleep_command(level: int = typer.Option(2, "--level", min=0, max=2, help="1: the KV cache released; 2: "
+                                         "the weights too (what a checkpoint uses)"), url: str = URL,
                   token: Optional[str] = TOKEN) -> None:
     """Put the engine to sleep (1: KV cache released; 2: weights too)."""
     print(json.dumps(_client(url, token).sleep(level)))
@@ -131,8 +132,10 @@ def dump_packed_command(flat: Optional[Path] = typer.Argument(None, help="the fl
                                                     kwargs={"path": str(flat.resolve()) if flat else None}))
 
 
-def complete_command(prompt: str = typer.Argument(...), max_tokens: int = typer.Option(16, "--max-tokens"),
-                     seed: int = typer.Option(0, "--seed"), url: str = URL, token: Optional[str] = TOKEN) -> None:
+def complete_command(prompt: str = typer.Argument(..., help="the prompt"),
+                     max_tokens: int = typer.Option(16, "--max-tokens", help="tokens to generate (greedy)"),
+                     seed: int = typer.Option(0, "--seed", help="the request's sampling seed"), url: str = URL,
+                     token: Optional[str] = TOKEN) -> None:
     """Greedy completion; prints the text and the token ids."""
     c = _client(url, token).complete(prompt, max_tokens=max_tokens, seed=seed)
     print(json.dumps({"text": c.text, "token_ids": c.token_ids}))

@@ -62,7 +62,8 @@ def report_cmd(results: Path = typer.Argument(..., help="results/<name> (holding
 
 
 @sub.command("plan")
-def plan_cmd(spec: Path = typer.Argument(...), reps: Optional[int] = typer.Option(None, "--reps")) -> None:
+def plan_cmd(spec: Path = typer.Argument(..., help="experiments/X.toml"),
+             reps: Optional[int] = typer.Option(None, "--reps", help="Override the repetitions.")) -> None:
     """Print the cells and the shuffled run order without running anything."""
     from coldstart.matrix.runner import plan
     from coldstart.matrix.spec import load_experiment

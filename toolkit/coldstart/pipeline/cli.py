@@ -85,7 +85,8 @@ def restore_cmd(ctx: typer.Context) -> None:
     raise typer.Exit(main(list(ctx.args)))
 
 
-def inspect_cmd(snapshot: Path = typer.Argument(...), verify: bool = typer.Option(False, "--verify")) -> None:
+def inspect_cmd(snapshot: Path = typer.Argument(..., help="snapshot directory"),
+                verify: bool = typer.Option(False, "--verify", help="also hash every file against the manifest")) -> None:
     """Print a snapshot's manifest summary and whether it fits this host."""
     from coldstart.pipeline.manifest import read_manifest, validate_against_host
 
@@ -122,7 +123,7 @@ def snapshot_ls(roots: List[Path] = typer.Argument(None, help="Snapshot dirs, or
 
 
 @snapshot_app.command("rm")
-def snapshot_rm(snapshot: Path = typer.Argument(...),
+def snapshot_rm(snapshot: Path = typer.Argument(..., help="snapshot directory"),
                 force: bool = typer.Option(False, "--force", help="Remove even while a restore uses it.")) -> None:
     """Remove a snapshot; refused while a live restore maps its files."""
     from coldstart.pipeline.snapshots import remove
@@ -132,7 +133,7 @@ def snapshot_rm(snapshot: Path = typer.Argument(...),
 
 
 @snapshot_app.command("verify")
-def snapshot_verify(snapshot: Path = typer.Argument(...)) -> None:
+def snapshot_verify(snapshot: Path = typer.Argument(..., help="snapshot directory")) -> None:
     """Check every file's digests now and remember the result on this node (restores then skip it)."""
     from coldstart.pipeline.snapshots import verify
 
