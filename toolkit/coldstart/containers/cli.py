@@ -66,6 +66,7 @@ def checkpoint_command(
     from coldstart.containers import docker_api, image, run
     from coldstart.errors import ColdstartError
 
+    run.host_model(model)  # before the image build
     c = docker_api.client(host)
     img = image.app_image(c, Path(__file__).resolve().parents[3], say=lambda m: typer.echo(m, err=True))
     extra = (["--layout", layout] if layout else []) + (
@@ -116,6 +117,9 @@ def restore_command(
     from coldstart.containers import docker_api, image, run
     from coldstart.registry.mount import as_reference, mount, mount_point_for
 
+    run.host_model(model)  # before the image build: one line, not minutes then a traceback
+    if not as_reference(snapshot):
+        run.host_snapshot(Path(snapshot))
     c = docker_api.client(host)
     img = image.app_image(c, Path(__file__).resolve().parents[3], say=lambda m: typer.echo(m, err=True))
     layers = docker_api.image_layers(c, img.tag)
@@ -151,6 +155,7 @@ def run_cold_command(
 
     from coldstart.containers import docker_api, image, run
 
+    run.host_model(model)
     c = docker_api.client(host)
     img = image.app_image(c, Path(__file__).resolve().parents[3], say=lambda m: typer.echo(m, err=True))
     t0 = time.monotonic()

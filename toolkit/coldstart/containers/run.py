@@ -89,6 +89,25 @@ def security_without(cap: str) -> dict[str, Any]:
     return {**RESTORE_SECURITY, "cap_add": [c for c in RESTORE_CAPS if c != cap]}
 
 
+def host_model(model: Path) -> Path:
+    """``model`` resolved, checked on the host before any container mounts it: docker creates a
+    missing bind-mount source as an empty root-owned directory, and vLLM then fails inside the
+    container with a traceback instead of one line."""
+    model = Path(model).resolve()
+    if not (model / "config.json").is_file():
+        raise ColdstartError(f"model {model} not found (expected a Hugging Face model dir with config.json)")
+    return model
+
+
+def host_snapshot(snapshot: Path) -> Path:
+    """``snapshot`` resolved, checked to be a directory on the host (see host_model); what is in it is
+    the restore's to check, and a broken one falls back inside the container."""
+    snapshot = Path(snapshot).resolve()
+    if not snapshot.is_dir():
+        raise ColdstartError(f"snapshot {snapshot}: no such directory on this host")
+    return snapshot
+
+
 def checkpoint(c, image: str, model: Path, out: Path, *, extra: list[str] | None = None) -> CheckpointRun:
     """``coldstart checkpoint`` inside a container: the model mounted read-only at its own path,
     ``out``'s parent mounted read-write at /out (the snapshot is published there by a rename), the
@@ -96,7 +115,7 @@ def checkpoint(c, image: str, model: Path, out: Path, *, extra: list[str] | None
     the least capabilities for the layout asked for (checkpoint_security)."""
     from coldstart.containers import docker_api
 
-    model, out = Path(model).resolve(), Path(out).resolve()
+    model, out = host_model(model), Path(out).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     cmd = ["checkpoint", str(model), "--out", f"/out/{out.name}", "--port", str(CONTAINER_PORT),
            "--listen", "0.0.0.0", "--server-caps", "none", *(extra or [])]
@@ -131,7 +150,7 @@ def create_restore(c, image: str, snapshot: Path, model: Path, host_port: int, *
     warm in between)."""
     from coldstart.containers import docker_api
 
-    snapshot, model = Path(snapshot).resolve(), Path(model).resolve()
+    snapshot, model = host_snapshot(snapshot), host_model(model)
     volumes = {str(snapshot): {"bind": "/snapshot", "mode": "ro"}, str(model): {"bind": str(model), "mode": "ro"}}
     env = dict(env or {})
     if host_warms:
@@ -469,7 +488,7 @@ def create_naive(c, image: str, model: Path, host_port: int, kv_cache_bytes: int
     ``extra``: more vLLM arguments (e.g. ``--enforce-eager``, the flag our servers run with)."""
     from coldstart.containers import docker_api
 
-    model = Path(model).resolve()
+    model = host_model(model)
     return c.containers.create(image, ["-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                                        "--host", "0.0.0.0", "--port", str(CONTAINER_PORT), "--seed", "0",
                                        "--kv-cache-memory-bytes", str(kv_cache_bytes), *(extra or [])],

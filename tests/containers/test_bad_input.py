@@ -1,0 +1,28 @@
+"""Bad paths given to the container commands: one clear line, a non-zero exit, before any image build
+or container, and no directory left behind (docker creates a missing bind-mount source)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.parametrize("args, says", [
+    (["container", "restore", "{missing}", "--model", "{model}"], "snapshot {missing}: no such directory"),
+    (["container", "restore", "{tmp}", "--model", "{missing}"], "model {missing} not found"),
+    (["container", "run-cold", "{missing}"], "model {missing} not found"),
+    (["container", "checkpoint", "{missing}", "--out", "{tmp}/snap"], "model {missing} not found"),
+])
+def test_a_missing_path_is_one_line_and_creates_nothing(tmp_path, args, says):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    missing = tmp_path / "no-such-dir"
+    fill = {"missing": missing, "model": model, "tmp": tmp_path}
+    p = subprocess.run([sys.executable, "-m", "coldstart", *(a.format(**fill) for a in args),
+                        "--host", "unix:///nonexistent/docker.sock"], capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0, p
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and says.format(**fill) in lines[0], p.stderr
+    assert not missing.exists()
