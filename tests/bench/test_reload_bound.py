@@ -96,3 +96,23 @@ def test_the_page_cache_line_pairs_each_cold_reload_with_its_rounds_fastest_buff
     assert "fastest buffered shape in the same rounds, median 1.00 GiB/s" in text
     assert "fastest O_DIRECT shape 1.40 GiB/s" in text and "O_DIRECT / buffered per round: median 1.40" in text
     assert "against the page cache's rate in its round: median 1.00× (each: 1.00)" in text
+
+
+def test_one_read_shape_as_bench_load_takes_its_limit_is_stated_beside_the_rounds_fastest() -> None:
+    """Each round's fastest of several noisy shapes sits above any one shape: the table also pairs the
+    reload with the single shape of the fastest median over the run (bench load's limit)."""
+    gib = 1 << 30
+
+    def dev(rep, fio, gib_s):
+        return {"method": "device", "cache": "cold", "rep": rep, "when": "before", "bytes": gib, "seconds": 1 / gib_s,
+                "detail": {"fio": fio}}
+
+    a, b = "O_DIRECT, 4 jobs, 1 MiB reads", "buffered, 4 jobs, 1 MiB reads"
+    rows = [{"cache": "cold", "method": "auto", "rep": rep, "bytes": gib, "seconds": 1.0, "wall_seconds": 1.0}
+            for rep in (0, 1, 2)]
+    # a: 1.0, 1.0, 2.0 (median 1.0); b: 1.25, 1.25, 1.0 (median 1.25): each round's fastest is 1.25, 1.25, 2.0
+    rows += [dev(0, a, 1.0), dev(1, a, 1.0), dev(2, a, 2.0), dev(0, b, 1.25), dev(1, b, 1.25), dev(2, b, 1.0)]
+    text = " ".join(_reload_bound(rows, {0: 1.25, 1: 1.25, 2: 2.0}))
+    assert f"fastest median over the run: {b}, 1.25 GiB/s" in text, text
+    assert "paired per round, median 0.80× (each: 0.80, 0.80, 1.00)" in text, text
+    assert "that shape itself read at 1.00× of it (median)" in text, text
