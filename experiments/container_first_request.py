@@ -18,7 +18,8 @@ import json
 import time
 from pathlib import Path
 
-from coldstart.bench.containers import first_completion, bench_case, summary
+from coldstart.bench.containers import bench_case
+from coldstart.containers.run import first_completion, summary
 from coldstart.containers import run
 from coldstart.engine.launcher import free_port
 

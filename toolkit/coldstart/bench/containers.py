@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
-from coldstart.containers.run import first_completion, summary  # noqa: F401 - (experiments import them from here)
 from coldstart.warm.residency import evict_all
 
 Say = Callable[[str], None]
@@ -98,12 +97,12 @@ def one_start(c, image: str, method: str, model: Path, snap: Path, layers: list[
         if method.startswith("entry"):
             row.update(_entry_times(ctr, wall0))
             return row  # (finally below still adds the warmer's record to it)
-        t1 = first_completion(port, str(model), t0 + 900, ctr)
+        t1 = run.first_completion(port, str(model), t0 + 900, ctr)
         row["first_token_s"] = round(t1 - t0, 3)
         row["disk_read_bytes"] = device_read_bytes(dev) - read0
         row["cpu_busy_s"] = round(host_cpu_busy_s() - busy0, 3)  # the whole host's, create to first token
         if method != "naive":  # its summary line follows the first token
-            summ = run.with_host_events(summary(ctr, time.monotonic() + 60), row["created_s"], row["started_s"])
+            summ = run.with_host_events(run.summary(ctr, time.monotonic() + 60), row["created_s"], row["started_s"])
             row["restored"] = summ.get("restored")
             row["fallback_reason"] = summ.get("fallback_reason")
             row["events"] = summ.get("events")
