@@ -128,7 +128,8 @@ def status(paths: list[Path] = typer.Argument(..., help="snapshot directory or f
         tot_s += s
         t.add_row(_human(r), _human(s), f"{100 * r / s:.1f}" if s else "-", str(f))
     t.add_row(_human(tot_r), _human(tot_s), f"{100 * tot_r / tot_s:.1f}" if tot_s else "-", "[bold]total")
-    Console().print(t)
+    if len(bad) < len(files):  # (nothing readable: the error line alone, no empty table)
+        Console().print(t)
     if bad:
         raise ColdstartError("; ".join(bad))
 
