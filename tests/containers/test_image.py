@@ -55,9 +55,13 @@ def test_containers_run_under_the_daemons_runtime_or_the_one_asked_for(docker_cl
     the daemon does not know is one line naming it and the ones it knows."""
     from coldstart.containers import run
 
+    model = tmp_path / "model"  # (created, never started: a model dir only as the host checks one)
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+
     def runtime_of_a_restore_container() -> str:
         monkeypatch.setattr(docker_api, "_runtimes_seen", {})  # chosen once per daemon: choose again
-        ctr = run.create_restore(docker_client, app_image.tag, tmp_path, tmp_path, 18599, node=False)
+        ctr = run.create_restore(docker_client, app_image.tag, tmp_path, model, 18599, node=False)
         try:
             return ctr.attrs["HostConfig"]["Runtime"]
         finally:
