@@ -11,8 +11,8 @@ the first token follows the end of the host's reads (results/container-intel-14)
         '{"2x2": {}, "3x2": {"threads": 3}, "4x2": {"threads": 4}, "4x4": {"threads": 4, "chunk": 4194304}, "6x2": {"threads": 6}}'
     ... experiments/host_warm_alone.py timeline IMAGE SNAPSHOT
 
-A shape's "_early_list": true makes the early reader wait for its whole list of files, as it did
-before it read them as they were found.
+(stream.jsonl's "_early_list" variant ran with the code of 8c42a9b, which read the early files as
+they were found; removed after: no gain.)
 """
 from __future__ import annotations
 
@@ -28,17 +28,9 @@ from coldstart.warm.residency import drop_caches
 
 
 def _warm(snap: Path, layers, shape: dict):
-    shape = dict(shape)
-    listed = shape.pop("_early_list", False)  # the early reader waits for the whole list (before 2026-12-05)
-    real = run.iter_early_files
-    if listed:
-        run.iter_early_files = lambda *a: iter(list(real(*a)))
-    try:
-        hw = run.host_warm(snap, layers, **shape)
-        hw.container_started()
-        return hw, hw.wait()
-    finally:
-        run.iter_early_files = real
+    hw = run.host_warm(snap, layers, **shape)
+    hw.container_started()
+    return hw, hw.wait()
 
 
 def shapes(snap: Path, layers, reps: int, variants: dict) -> None:

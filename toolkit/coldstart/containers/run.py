@@ -307,7 +307,7 @@ class HostWarm:
         t0 = time.monotonic()
         n = files = 0
         try:
-            for p in iter_early_files(snapshot, remap):
+            for p in early_files(snapshot, remap):
                 if self._cancelled:
                     break
                 try:
@@ -374,7 +374,7 @@ class HostWarm:
             self.warmer.cancel()
 
 
-def iter_early_files(snapshot: Path, remap=None):
+def early_files(snapshot: Path, remap=None) -> list[Path]:
     """What a container restore reads before CRIU runs, in the order it does, as host paths: the
     entrypoint's own files (the node's recorded profile, ranges of source "process", through
     ``remap``), the snapshot's manifest, the restore's helper programs and libraries (the image's
@@ -382,49 +382,33 @@ def iter_early_files(snapshot: Path, remap=None):
     wrapper open: its metadata images (not the pages; with the hot layout, the parent's pagemaps
     too), the shm and link-remap copies, the run dir's
     files the server holds open (not the rest of run/: the checkpoint's compile cache, 150 MB for the
-    bench model, is not read before the first token). Yielded as found, each once: resolving the
-    profile's files through the image's layers takes ~0.09 s on a cold cache, and the host's early
-    reader starts on the first meanwhile."""
+    bench model, is not read before the first token)."""
     from coldstart.containers.helpers import RESTORE_FILES
 
-    seen: set[Path] = set()
-
-    def new(paths):
-        for p in paths:
-            if p not in seen:
-                seen.add(p)
-                yield p
-
+    out: list[Path] = []
     prof = _snapshot.node_profile(snapshot)
     if remap is not None and prof is not None and prof.exists():
         try:
-            ranges = load_profile(prof).ranges
+            out += [remap(Path(r.file)) for r in load_profile(prof).ranges if r.source == "process"]
         except ColdstartError:
-            ranges = []  # an unreadable profile: the bulk warmer's plan says so
-        yield from new(remap(Path(r.file)) for r in ranges if r.source == "process")
-    yield from new([snapshot / "manifest.json"])
+            pass  # an unreadable profile: the bulk warmer's plan says so
+    out.append(snapshot / "manifest.json")
     if remap is not None:
         try:
-            helpers = [remap(Path(ln)) for ln in remap(Path(RESTORE_FILES)).read_text().split()]
+            out += [remap(Path(ln)) for ln in remap(Path(RESTORE_FILES)).read_text().split()]
         except OSError:
-            helpers = []  # an image built before the list existed
-        yield from new(helpers)
-    yield from new(p for p in sorted((snapshot / "criu").glob("*.img")) if not p.name.startswith("pages-"))
+            pass  # an image built before the list existed
+    out += [p for p in sorted((snapshot / "criu").glob("*.img")) if not p.name.startswith("pages-")]
     # the hot layout: CRIU reads the dumped pagemaps too, to find the pages the child leaves to them
-    yield from new(sorted((snapshot / "criu" / "parent").glob("pagemap-*.img")))
+    out += sorted((snapshot / "criu" / "parent").glob("pagemap-*.img"))
     for sub in ("shm", "link-remaps"):
         if (snapshot / sub).is_dir():
-            yield from new(sorted(p for p in (snapshot / sub).iterdir() if p.is_file()))
+            out += sorted(p for p in (snapshot / sub).iterdir() if p.is_file())
     try:
-        run_files = read_manifest(snapshot).run_files
+        out += [snapshot / "run" / rel for rel in read_manifest(snapshot).run_files]
     except Exception:  # noqa: BLE001 - the restore names a bad manifest
-        run_files = []
-    yield from new(snapshot / "run" / rel for rel in run_files)
-
-
-def early_files(snapshot: Path, remap=None) -> list[Path]:
-    """iter_early_files, as a list."""
-    return list(iter_early_files(snapshot, remap))
+        pass
+    return list(dict.fromkeys(out))
 
 
 def _read_criu_first(images: Path, remap, cancelled=lambda: False) -> int:
