@@ -26,3 +26,22 @@ def test_a_missing_path_is_one_line_and_creates_nothing(tmp_path, args, says):
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and says.format(**fill) in lines[0], p.stderr
     assert not missing.exists()
+
+
+@pytest.mark.parametrize("cmd", [["container", "restore", "{tmp}", "--model", "{model}"],
+                                 ["container", "run-cold", "{model}"]])
+def test_a_busy_port_is_one_line_before_any_container(tmp_path, cmd):
+    import socket
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        p = subprocess.run([sys.executable, "-m", "coldstart", *(a.format(tmp=tmp_path, model=model) for a in cmd),
+                            "--port", str(port), "--host", "unix:///nonexistent/docker.sock"],
+                           capture_output=True, text=True, timeout=120)
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert p.returncode != 0 and len(lines) == 1 and f"port {port} on 127.0.0.1 is busy" in lines[0], p.stderr

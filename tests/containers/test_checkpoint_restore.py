@@ -341,3 +341,21 @@ def test_the_container_restore_command_prints_where_the_host_reaches_the_server(
             docker_client.containers.get(name).remove(force=True)
         except Exception:  # noqa: BLE001 - the command failed before it created the container
             pass
+
+
+def test_a_start_docker_refuses_is_one_line_and_leaves_no_container(docker_client, app_image, container_snapshot,
+                                                                     tiny_model_dir):
+    """The published port taken between the check and the start call: docker refuses the start; the
+    created container is removed and the reason is one ColdstartError line."""
+    import socket
+
+    from coldstart.errors import ColdstartError
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        ctr = run.create_restore(docker_client, app_image.tag, container_snapshot, tiny_model_dir, port)
+        with pytest.raises(ColdstartError, match=f"docker could not start container {ctr.name}: .*{port}"):
+            run.start(ctr)
+    assert not docker_client.containers.list(all=True, filters={"id": ctr.id})

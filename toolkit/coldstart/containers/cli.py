@@ -115,9 +115,11 @@ def restore_command(
     import time
 
     from coldstart.containers import docker_api, image, run
+    from coldstart.errors import ColdstartError
     from coldstart.registry.mount import as_reference, mount, mount_point_for
 
     run.host_model(model)  # before the image build: one line, not minutes then a traceback
+    run.host_port_free(port)
     if not as_reference(snapshot):
         run.host_snapshot(Path(snapshot))
     c = docker_api.client(host)
@@ -136,7 +138,12 @@ def restore_command(
     warmer = run.host_warm(snap, layers) if host_warm else None
     ctr = run.create_restore(c, img.tag, snap, model, port, name=name, env=env, host_warms=host_warm)
     created_s = time.monotonic() - t0
-    ctr.start()
+    try:
+        run.start(ctr)
+    except ColdstartError:
+        if warmer is not None:
+            warmer.cancel()
+        raise
     started_s = time.monotonic() - t0
     if warmer is not None:
         warmer.container_started()
@@ -156,11 +163,12 @@ def run_cold_command(
     from coldstart.containers import docker_api, image, run
 
     run.host_model(model)
+    run.host_port_free(port)
     c = docker_api.client(host)
     img = image.app_image(c, Path(__file__).resolve().parents[3], say=lambda m: typer.echo(m, err=True))
     t0 = time.monotonic()
     ctr = run.create_naive(c, img.tag, model, port)
-    ctr.start()
+    run.start(ctr)
     t1 = run.first_completion(port, str(Path(model).resolve()), t0 + 900, ctr)
     typer.echo(json.dumps({"container": ctr.id[:12], "url": f"http://127.0.0.1:{port}",
                            "first_token_s_from_create": round(t1 - t0, 2)}))

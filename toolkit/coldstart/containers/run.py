@@ -214,8 +214,33 @@ def summary(ctr, deadline: float) -> dict:
 def start_restore(c, image: str, snapshot: Path, model: Path, host_port: int, **kw):
     """``create_restore`` and start it; returns the running container (the caller removes it)."""
     ctr = create_restore(c, image, snapshot, model, host_port, **kw)
-    ctr.start()
+    start(ctr)
     return ctr
+
+
+def host_port_free(port: int) -> int:
+    """``port``, checked free on the host's loopback before a container publishes it there: docker
+    refuses the start call only after the container is made, with a traceback of its API."""
+    from coldstart.pipeline.checkpoint import port_free
+
+    if not port_free("127.0.0.1", port):
+        raise ColdstartError(f"port {port} on 127.0.0.1 is busy (choose another with --port)")
+    return port
+
+
+def start(ctr) -> None:
+    """Start a created container; if docker refuses (a port taken meanwhile, a runtime error), the
+    container is removed and its reason is one line."""
+    import docker
+
+    try:
+        ctr.start()
+    except docker.errors.APIError as e:
+        try:
+            ctr.remove(force=True)
+        except docker.errors.APIError:
+            pass  # (the reason to report is the start's)
+        raise ColdstartError(f"docker could not start container {ctr.name}: {e.explanation or e}") from None
 
 
 HOST_SHAPE = (2, 2 << 20)  # the host's bulk readers x chunk (HostWarm)
