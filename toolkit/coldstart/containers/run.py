@@ -181,7 +181,8 @@ def with_host_events(summary: dict, created_s: float | None, started_s: float | 
 
 
 def first_completion(port: int, model: str, deadline: float, ctr) -> float:
-    """Poll a 1-token completion until it answers; returns the monotonic time it did."""
+    """Poll a 1-token completion until it answers; returns the monotonic time it did. A container
+    that exits first, or no answer by ``deadline``, is one line (with the last line of its log)."""
     body = json.dumps({"model": model, "prompt": "The capital of France is", "max_tokens": 1,
                        "temperature": 0}).encode()
     while time.monotonic() < deadline:
@@ -195,9 +196,28 @@ def first_completion(port: int, model: str, deadline: float, ctr) -> float:
             pass
         ctr.reload()
         if ctr.status not in ("created", "running"):
-            raise RuntimeError(f"container {ctr.status}: {ctr.logs().decode(errors='replace')[-500:]}")
+            raise ColdstartError(f"container {ctr.name} {ctr.status} before its first completion: "
+                                 f"{_last_log_line(ctr)} (docker logs {ctr.name})")
         time.sleep(0.05)
-    raise RuntimeError("no first token before the deadline")
+    raise ColdstartError(f"container {ctr.name}: no first completion on port {port} before the deadline: "
+                         f"{_last_log_line(ctr)} (docker logs {ctr.name})")
+
+
+def _last_log_line(ctr) -> str:
+    """A failed server's reason from its container's log: the last exception line (with the indented
+    line after it, where pydantic puts the detail), else the last line."""
+    import re
+
+    lines = [ln for ln in ctr.logs().decode(errors="replace").splitlines() if ln.strip()]
+    if not lines:
+        return "its log is empty"
+    at = next((i for i in range(len(lines) - 1, -1, -1) if re.match(r"[\w.]+(Error|Exception)\b", lines[i])), None)
+    if at is None:
+        return lines[-1].strip()[:400]
+    why = lines[at].strip()
+    if at + 1 < len(lines) and lines[at + 1].startswith(" ") and "For further information" not in lines[at + 1]:
+        why += " " + lines[at + 1].strip().split(" [type=")[0]
+    return why[:400]
 
 
 def summary(ctr, deadline: float) -> dict:
