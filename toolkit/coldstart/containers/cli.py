@@ -65,8 +65,9 @@ def checkpoint_command(
     restores the snapshot once to record what a restore touches); docs/containers.md."""
     from coldstart.containers import docker_api, image, run
     from coldstart.errors import ColdstartError
+    from coldstart.pipeline.checkpoint import hf_model_dir
 
-    run.host_model(model)  # before the image build
+    hf_model_dir(model)  # before the image build
     c = docker_api.client(host)
     img = image.app_image(c, Path(__file__).resolve().parents[3], say=lambda m: typer.echo(m, err=True))
     extra = (["--layout", layout] if layout else []) + (
@@ -116,10 +117,11 @@ def restore_command(
 
     from coldstart.containers import docker_api, image, run
     from coldstart.errors import ColdstartError
+    from coldstart.pipeline.checkpoint import check_listen, hf_model_dir
     from coldstart.registry.mount import as_reference, mount, mount_point_for
 
-    run.host_model(model)  # before the image build: one line, not minutes then a traceback
-    run.host_port_free(port)
+    hf_model_dir(model)  # before the image build: one line, not minutes then a traceback
+    check_listen("127.0.0.1", port)  # docker would refuse only at the start call, the container made
     if not as_reference(snapshot):
         run.host_snapshot(Path(snapshot))
     c = docker_api.client(host)
@@ -161,9 +163,10 @@ def run_cold_command(
     import time
 
     from coldstart.containers import docker_api, image, run
+    from coldstart.pipeline.checkpoint import check_listen, hf_model_dir
 
-    run.host_model(model)
-    run.host_port_free(port)
+    hf_model_dir(model)
+    check_listen("127.0.0.1", port)
     c = docker_api.client(host)
     img = image.app_image(c, Path(__file__).resolve().parents[3], say=lambda m: typer.echo(m, err=True))
     t0 = time.monotonic()

@@ -36,6 +36,7 @@ from coldstart.errors import ColdstartError
 from coldstart.fsutil import data_extents
 # imported here, not in host_warm: host_warm runs inside the timed window that starts at the create call
 # (after a dropped page cache, importing the warmer's modules, numpy among them, took 2.5 s there)
+from coldstart.pipeline.checkpoint import hf_model_dir
 from coldstart.pipeline.events import EventName
 from coldstart.pipeline.manifest import read_manifest
 from coldstart.pipeline.restore import HOST_WARMS_ENV, ReadAhead, warm_paths
@@ -89,19 +90,11 @@ def security_without(cap: str) -> dict[str, Any]:
     return {**RESTORE_SECURITY, "cap_add": [c for c in RESTORE_CAPS if c != cap]}
 
 
-def host_model(model: Path) -> Path:
-    """``model`` resolved, checked on the host before any container mounts it: docker creates a
-    missing bind-mount source as an empty root-owned directory, and vLLM then fails inside the
-    container with a traceback instead of one line."""
-    model = Path(model).resolve()
-    if not (model / "config.json").is_file():
-        raise ColdstartError(f"model {model} not found (expected a Hugging Face model dir with config.json)")
-    return model
-
-
 def host_snapshot(snapshot: Path) -> Path:
-    """``snapshot`` resolved, checked to be a directory on the host (see host_model); what is in it is
-    the restore's to check, and a broken one falls back inside the container."""
+    """``snapshot`` resolved, checked to be a directory on the host before a container mounts it
+    (models: hf_model_dir): docker creates a missing bind-mount source as an empty root-owned
+    directory. What is in it is the restore's to check, and a broken one falls back inside the
+    container."""
     snapshot = Path(snapshot).resolve()
     if not snapshot.is_dir():
         raise ColdstartError(f"snapshot {snapshot}: no such directory on this host")
@@ -115,7 +108,7 @@ def checkpoint(c, image: str, model: Path, out: Path, *, extra: list[str] | None
     the least capabilities for the layout asked for (checkpoint_security)."""
     from coldstart.containers import docker_api
 
-    model, out = host_model(model), Path(out).resolve()
+    model, out = hf_model_dir(model), Path(out).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     cmd = ["checkpoint", str(model), "--out", f"/out/{out.name}", "--port", str(CONTAINER_PORT),
            "--listen", "0.0.0.0", "--server-caps", "none", *(extra or [])]
@@ -150,7 +143,7 @@ def create_restore(c, image: str, snapshot: Path, model: Path, host_port: int, *
     warm in between)."""
     from coldstart.containers import docker_api
 
-    snapshot, model = host_snapshot(snapshot), host_model(model)
+    snapshot, model = host_snapshot(snapshot), hf_model_dir(model)
     volumes = {str(snapshot): {"bind": "/snapshot", "mode": "ro"}, str(model): {"bind": str(model), "mode": "ro"}}
     env = dict(env or {})
     if host_warms:
@@ -236,16 +229,6 @@ def start_restore(c, image: str, snapshot: Path, model: Path, host_port: int, **
     ctr = create_restore(c, image, snapshot, model, host_port, **kw)
     start(ctr)
     return ctr
-
-
-def host_port_free(port: int) -> int:
-    """``port``, checked free on the host's loopback before a container publishes it there: docker
-    refuses the start call only after the container is made, with a traceback of its API."""
-    from coldstart.pipeline.checkpoint import port_free
-
-    if not port_free("127.0.0.1", port):
-        raise ColdstartError(f"port {port} on 127.0.0.1 is busy (choose another with --port)")
-    return port
 
 
 def start(ctr) -> None:
@@ -533,7 +516,7 @@ def create_naive(c, image: str, model: Path, host_port: int, kv_cache_bytes: int
     ``extra``: more vLLM arguments (e.g. ``--enforce-eager``, the flag our servers run with)."""
     from coldstart.containers import docker_api
 
-    model = host_model(model)
+    model = hf_model_dir(model)
     return c.containers.create(image, ["-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                                        "--host", "0.0.0.0", "--port", str(CONTAINER_PORT), "--seed", "0",
                                        "--kv-cache-memory-bytes", str(kv_cache_bytes), *(extra or [])],

@@ -104,7 +104,7 @@ def _bind_error(host: str, port: int) -> OSError | None:
     return None
 
 
-def _check_listen(addr: str, port: int) -> None:
+def check_listen(addr: str, port: int) -> None:
     """The server can listen on (addr, port) here: else one line saying why."""
     import errno
 
@@ -115,6 +115,14 @@ def _check_listen(addr: str, port: int) -> None:
         raise ColdstartError(f"port {port} on {addr} is busy (choose another with --port)") from e
     raise ColdstartError(f"cannot listen on {addr}:{port}: {e.strerror} (--listen takes 127.0.0.1, 0.0.0.0 "
                          "or an address of this host)") from e
+
+
+def hf_model_dir(model: Path) -> Path:
+    """``model`` resolved, checked to be a Hugging Face model dir (its config.json): else one line."""
+    model = Path(model).resolve()
+    if not (model / "config.json").is_file():
+        raise ColdstartError(f"model {model} not found (expected a Hugging Face model dir with config.json)")
+    return model
 
 
 def port_free(host: str, port: int) -> bool:
@@ -178,10 +186,8 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
     """Make a snapshot of ``opts.model`` in ``opts.out``; returns its manifest and timeline."""
     from coldstart.engine.launcher import EngineSpec, start_engine
 
-    model = Path(opts.model).resolve()
+    model = hf_model_dir(opts.model)
     out = Path(opts.out).absolute()
-    if not (model / "config.json").is_file():
-        raise ColdstartError(f"model {model} not found (expected a Hugging Face model dir with config.json)")
     if opts.server_caps not in ("keep", "none"):
         raise ColdstartError(f"--server-caps must be keep or none, not {opts.server_caps!r}")
     if opts.layout not in ("hot", "dumped", None):
@@ -191,7 +197,7 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
                              "use --layout dumped with --criu-variant stock")
     criu = _criu.find(opts.criu_variant)  # fail before spending a minute on the engine
     host = hostfacts.collect(criu)
-    _check_listen(opts.listen, opts.port)
+    check_listen(opts.listen, opts.port)
     # GPU host: vLLM's own sleep mode (CuMemAllocator) and the CRIU CUDA plugin (unverified on GPU).
     device = "cuda" if host.gpu else "cpu"
     layout = opts.layout or default_layout(opts.criu_variant, device)
