@@ -33,7 +33,7 @@ from typing import Any
 from coldstart.criu import images as _images
 from coldstart.criu.caps import RESTORE_NEEDS
 from coldstart.errors import ColdstartError
-from coldstart.fsutil import data_extents, will_need
+from coldstart.fsutil import data_extents
 # imported here, not in host_warm: host_warm runs inside the timed window that starts at the create call
 # (after a dropped page cache, importing the warmer's modules, numpy among them, took 2.5 s there)
 from coldstart.pipeline.checkpoint import hf_model_dir
@@ -293,8 +293,7 @@ class HostWarm:
     def __init__(self, snapshot: Path, layers: list[Path] | None = None, *, after_start: bool = False,
                  threads: int | None = HOST_SHAPE[0], chunk: int | None = HOST_SHAPE[1], method: str | None = None,
                  io_class: str | None = None, criu_runs: bool = False,
-                 early: bool = True, early_criu: bool = False, bulk: str = "profile", wait_early: bool = False,
-                 early_ask: bool = False):
+                 early: bool = True, early_criu: bool = False, bulk: str = "profile", wait_early: bool = False):
         self.ahead = None
         remap = None
         if layers:
@@ -316,7 +315,6 @@ class HostWarm:
         self._cancelled = False
         self._early_t = None
         self._early_criu = early_criu
-        self._early_ask = early_ask
         if bulk not in ("profile", "weights"):
             raise ValueError(f"bulk must be profile or weights, not {bulk!r}")
         self._bulk = bulk
@@ -337,12 +335,7 @@ class HostWarm:
         t0 = time.monotonic()
         n = files = 0
         try:
-            paths = early_files(snapshot, remap)
-            ranges = early_ranges(sorted((snapshot / "criu").glob("pages-*.img"))
-                                  if (snapshot / "criu" / "parent").is_dir() else [])
-            if self._early_ask:
-                _ask_all(paths, ranges, lambda: self._cancelled)
-            for p in paths:
+            for p in early_files(snapshot, remap):
                 if self._cancelled:
                     break
                 try:
@@ -353,7 +346,9 @@ class HostWarm:
             if self._early_criu and not self._cancelled:
                 n += _read_criu_first(snapshot / "criu", remap, lambda: self._cancelled)
             if not self._cancelled:  # (early_ranges: none where COLDSTART_WARM_HOT_FIRST=0)
-                n += _read_ranges(ranges, lambda: self._cancelled)
+                n += _read_ranges(early_ranges(sorted((snapshot / "criu").glob("pages-*.img"))
+                                               if (snapshot / "criu" / "parent").is_dir() else []),
+                                  lambda: self._cancelled)
         finally:
             self.early = {"files": files, "bytes": n, "seconds": round(time.monotonic() - t0, 3)}
             self._early_done.set()
@@ -442,39 +437,6 @@ def early_files(snapshot: Path, remap=None) -> list[Path]:
     except Exception:  # noqa: BLE001 - the restore names a bad manifest
         pass
     return list(dict.fromkeys(out))
-
-
-def _ask_all(paths: list[Path], ranges: list[tuple[Path, int, int]], cancelled=lambda: False) -> None:
-    """Queue the reads of ``paths``' data and of ``ranges`` all at once (POSIX_FADV_WILLNEED returns
-    once a read is queued), so that the disk has them in flight together instead of one small read
-    at a time; the early reader's reads in order then wait only for what has not arrived."""
-    for p in paths:
-        if cancelled():
-            return
-        try:
-            fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            continue  # a hint: the restore reads (and names) it anyway
-        try:
-            for a, b in data_extents(fd):
-                will_need(fd, a, b - a)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-    fds: dict[Path, int] = {}
-    try:
-        for path, off, length in ranges:
-            if cancelled():
-                break
-            if path not in fds:
-                fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            will_need(fds[path], off, length)
-    except OSError:
-        pass
-    finally:
-        for fd in fds.values():
-            os.close(fd)
 
 
 def _read_criu_first(images: Path, remap, cancelled=lambda: False) -> int:
