@@ -87,6 +87,14 @@ def test_chunk_corrupt_in_registry_gives_eio_never_bytes(registry, tree, tmp_pat
             assert e.value.errno == errno.EIO
             good = (tree / name).read_bytes()
             assert os.pread(f.fileno(), 4096, 64 << 10) == good[64 << 10:(64 << 10) + 4096]  # next chunk is fine
+        # what the restore's watch reads (RestoreResult.damaged): the daemon's line, mapped to the file
+        index, _, _ = artifact.fetch_index(Registry(Ref.parse(ref)))
+        chunk = index.chunks[next(e for e in index.entries if e.path == name).chunks[0]]
+        deadline = time.monotonic() + 10
+        while not m.corrupt_chunks() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        bad = m.corrupt_chunks()
+        assert list(bad) == [chunk.digest] and name in bad[chunk.digest], (bad, m.log.read_text()[-800:])
     finally:
         m.unmount()
         blob.write_bytes(original)

@@ -2,6 +2,7 @@
 no verification record), restored, and its canary served."""
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -221,3 +222,97 @@ def test_restore_with_its_runtime_from_the_registry(registry, tiny_snapshot, tmp
         assert EngineClient(r.base_url, timeout=300).complete("Hello", max_tokens=2).text is not None
     finally:
         r.stop()
+
+
+def test_damage_found_after_ready_hands_the_port_to_a_cold_boot(registry, tiny_snapshot, tiny_model_dir, tmp_path):
+    """A chunk that the restore does not read before its first token (the last of a hot-layout parent
+    pages image) is damaged in the registry. The entrypoint restores from the reference and serves;
+    the daemon's background fetch of the rest finds the chunk bad; the entrypoint then stops the
+    restored server and cold-boots in its place, naming the chunk and its file; SIGTERM ends it and
+    leaves no mount."""
+    import re
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from coldstart.registry.distribution import Ref, Registry
+
+    ref = f"{registry.host}/snapshots/tiny-late:v1"
+    artifact.push(tiny_snapshot.out, ref)
+    index, _, _ = artifact.fetch_index(Registry(Ref.parse(ref)))
+    elsewhere = {ci for e in index.entries if not e.path.startswith("criu/parent/") for ci in e.chunks}
+    e = max((e for e in index.entries if re.fullmatch(r"criu/parent/pages-\d+\.img", e.path)), key=lambda e: e.size)
+    c = index.chunks[next(ci for ci in reversed(e.chunks) if ci not in elsewhere)]
+    blob = registry.blob_path(index.packs[c.pack].digest)
+    original = blob.read_bytes()
+    data = bytearray(original)
+    data[c.offset + c.stored // 2] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    env = {**os.environ, "COLDSTART_NODE_DIR": str(tmp_path / "node"),
+           "COLDSTART_LAZY_CACHE": str(tmp_path / "lazy-cache")}
+    err_path = tmp_path / "entry.err"
+    with open(err_path, "w") as err:
+        p = subprocess.Popen([sys.executable, "-m", "coldstart", "restore", ref, "--model", str(tiny_model_dir)],
+                             stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+    try:
+        summary = json.loads(p.stdout.readline())
+        assert summary["restored"] is True, summary  # served restored first
+        deadline = time.monotonic() + 600
+        while "(cold boot)" not in err_path.read_text():
+            assert p.poll() is None and time.monotonic() < deadline, err_path.read_text()[-2000:]
+            time.sleep(0.5)
+        lines = err_path.read_text().splitlines()
+        fell = [ln for ln in lines if ln.startswith("fallback: after READY: ")]
+        assert fell and c.digest[:19] in fell[0] and e.path in fell[0] and ref in fell[0], lines[-5:]
+        url = next(ln for ln in lines if ln.endswith("(cold boot)")).split()[1]
+        assert EngineClient(url, timeout=300).complete("Hello", max_tokens=2).text is not None
+        mounted = [Path(ln.split(" at ")[1].split()[0]) for ln in lines if ln.startswith("mounted ")]
+        assert mounted and not os.path.ismount(mounted[0])  # unmounted before the cold boot
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=120) is not None
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        blob.write_bytes(original)
+
+
+def test_a_no_serve_restores_mount_goes_with_the_next_restore_once_its_server_is_gone(registry, tiny_snapshot,
+                                                                                        tmp_path, monkeypatch):
+    """`coldstart restore REF --no-serve` leaves its server running on its lazy mount and exits: nobody
+    is left to unmount it. The next restore's clean-up (gc_restore_dirs) leaves it while the server
+    runs and unmounts it, with the restore's state dir, once the server is gone."""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from coldstart.criu.restore import alive
+    from coldstart.pipeline.snapshots import gc_restore_dirs
+
+    ref = f"{registry.host}/snapshots/tiny-noserve:v1"
+    artifact.push(tiny_snapshot.out, ref)
+    for k, sub in (("COLDSTART_STATE_DIR", "state"), ("COLDSTART_NODE_DIR", "node"), ("COLDSTART_LAZY_CACHE", "lazy")):
+        monkeypatch.setenv(k, str(tmp_path / sub))
+    p = subprocess.run([sys.executable, "-m", "coldstart", "restore", ref, "--no-serve"], capture_output=True,
+                       text=True, env=dict(os.environ), timeout=600)
+    assert p.returncode == 0, p.stderr[-1500:]
+    pid = json.loads(p.stdout.strip().splitlines()[-1])["pid"]
+    mnt = Path(next(ln for ln in p.stderr.splitlines() if ln.startswith("mounted ")).split(" at ")[1].split()[0])
+    try:
+        assert os.path.ismount(mnt)
+        assert gc_restore_dirs() == [] and os.path.ismount(mnt)  # its server still runs on it
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while alive(pid):
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        removed = gc_restore_dirs()
+        assert len(removed) == 1 and not removed[0].exists()
+        assert not os.path.ismount(mnt) and not mnt.exists()
+    finally:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+        if os.path.ismount(mnt):
+            subprocess.run(["fusermount3", "-u", "-z", str(mnt)])

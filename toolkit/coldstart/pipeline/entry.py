@@ -108,7 +108,7 @@ def prepare(argv: list[str]) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> int:
     """Restore, print the summary line, then serve; ``args`` from ``prepare``."""
-    from coldstart.pipeline.restore import RestoreOptions, restore, serve as serve_fn
+    from coldstart.pipeline.restore import RestoreOptions, restore, serve_and_release
     from coldstart.registry.mount import as_reference, mount_point_for
 
     ref = as_reference(args.snapshot)
@@ -117,13 +117,13 @@ def run(args: argparse.Namespace) -> int:
         from coldstart.pipeline.nodeimage import mounted
 
         snap = mounted(snap)
-    res = restore(RestoreOptions(snapshot=snap, ref=ref, verify="off" if args.no_verify else args.verify,
-                                 warm=not args.no_warm, fallback=not args.no_fallback, model=args.model,
-                                 timeout=args.timeout, net=args.net, port=args.port, listen=args.listen,
-                                 reload_mode=args.reload_mode, warm_mode=args.warm_mode, warm_method=args.warm_method,
-                                 warm_profile=args.warm_profile, warm_record=args.warm_record,
-                                 warm_rest=args.warm_rest, runtime=args.runtime, settle=args.settle),
-                  say=_say)
+    opts = RestoreOptions(snapshot=snap, ref=ref, verify="off" if args.no_verify else args.verify,
+                          warm=not args.no_warm, fallback=not args.no_fallback, model=args.model,
+                          timeout=args.timeout, net=args.net, port=args.port, listen=args.listen,
+                          reload_mode=args.reload_mode, warm_mode=args.warm_mode, warm_method=args.warm_method,
+                          warm_profile=args.warm_profile, warm_record=args.warm_record,
+                          warm_rest=args.warm_rest, runtime=args.runtime, settle=args.settle)
+    res = restore(opts, say=_say)
     status = "restored" if res.restored else f"cold boot (fallback: {res.fallback_reason})"
     summary = json.dumps({"url": res.base_url, "pid": res.engine.root_pid, "restored": res.restored,
                           "fallback_reason": res.fallback_reason, "canary_ok": res.canary_ok,
@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.serve and getattr(res, "forwarder", None) is not None:
         _say("warning: --net private forwards through this process; with --no-serve the port closes "
              "when it exits (the server itself keeps running)")
-    return serve_fn(res) if args.serve else 0
+    return serve_and_release(res, opts, say=_say) if args.serve else 0
 
 
 def main(argv: list[str]) -> int:

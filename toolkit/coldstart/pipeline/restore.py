@@ -131,15 +131,40 @@ class RestoreResult:
         try:
             self.engine.stop(timeout=10)
         finally:
-            if self.forwarder is not None:
-                self.forwarder.close()
-            _reap(self.engine.root_pid)
-            if self.state is not None:
-                self.state.release()
-            if self.mount is not None:
-                self.mount.unmount()
-            if self.runtime is not None and self.runtime.mount is not None:
-                self.runtime.mount.unmount()
+            self.close()
+
+    def close(self, keep_runtime: bool = False) -> None:
+        """What ``stop`` does once the server is gone: the forwarder closed, this restore's writable
+        state removed, its lazy mounts unmounted (``keep_runtime``: not the runtime's, which a cold
+        boot in its place runs from)."""
+        if self.forwarder is not None:
+            self.forwarder.close()
+            self.forwarder = None
+        _reap(self.engine.root_pid)
+        if self.state is not None:
+            self.state.release()
+            self.state = None
+        if self.mount is not None:
+            self.mount.unmount()
+            self.mount = None
+        if not keep_runtime and self.runtime is not None and self.runtime.mount is not None:
+            self.runtime.mount.unmount()
+            self.runtime.mount = None
+
+    def damaged(self) -> str | None:
+        """Why this restored server cannot be trusted any more, or None: a chunk of its lazily mounted
+        snapshot or runtime that the registry serves damaged (registry.mount.Mount.corrupt_chunks; the
+        daemon finds the rest of the chunks after READY, in the background). The server maps the
+        files holding it and will take SIGBUS, or hang inside a request, when it reads it."""
+        for mnt in (self.mount, self.runtime.mount if self.runtime is not None else None):
+            bad = mnt.corrupt_chunks() if mnt is not None else {}
+            if bad:
+                digest, paths = next(iter(bad.items()))
+                where = f"{', '.join(paths) or 'a file'} of {mnt.ref or mnt.mountpoint}"
+                more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+                return (f"chunk {digest[:19]} of {where} failed its digest twice{more}: the registry serves it "
+                        "damaged, and the restored server maps it")
+        return None
 
 
 def restore(opts: RestoreOptions, say: Callable[[str], None] = print) -> RestoreResult:
@@ -611,6 +636,10 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say, r
                 ready.attrs["runtime_fetch_all"] = rt.mount.fetch_all()
             if mnt is not None and getattr(mnt, "prefetch", "all") != "all":
                 ready.attrs["snapshot_fetch_all"] = mnt.fetch_all()
+        if mnt is not None or (rt is not None and rt.mount is not None):  # a later restore's gc_restore_dirs
+            # unmounts them once this server is gone (one left by --no-serve has no entrypoint to do it)
+            write_owner(st.dir, snap, server_pid=eng.root_pid,
+                        mounts=[x.mountpoint for x in (mnt, rt.mount if rt is not None else None) if x is not None])
         undo.pop_all()  # from here on the result owns the server
     if opts.settle:
         _settle(client, tl)
@@ -1111,8 +1140,45 @@ def _reap(pid: int) -> None:
         pass
 
 
-def serve(res: RestoreResult) -> int:
+class LateDamage(RestoreFailed):
+    """Found after READY (serve's ``watch``): the restored server must be replaced."""
+
+
+def serve_and_release(res: RestoreResult, opts: RestoreOptions, say: Callable[[str], None] = print) -> int:
+    """The entrypoint's serving: ``serve`` the server, then release what the restore holds (its lazy
+    mounts, its writable state) once the server is gone. A restored server found damaged after READY
+    (``RestoreResult.damaged``: its lazy snapshot or runtime holds a chunk the registry serves
+    damaged) is stopped and a cold boot takes its place (``fall_back``), saying why: the promise of
+    the restore before READY (any failure: a cold boot) kept after it, before the server reads the
+    bad bytes."""
+    try:
+        code = serve(res, watch=res.damaged if res.restored else None)
+    except LateDamage as e:
+        asked: list[int] = []  # a stop asked for during the cold boot: honoured once it is up
+        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(s, lambda signum, _frame: asked.append(signum))
+        res.engine.stop(timeout=10)
+        res.close(keep_runtime=opts.fallback)
+        if not opts.fallback:
+            raise
+        cold = fall_back(f"after READY: {e}", res.manifest, opts, res.timeline, say, res.runtime)
+        cold.runtime = res.runtime
+        if asked:
+            cold.stop()
+            return 128 + asked[0]
+        say(f"ready: {cold.base_url} (cold boot)")
+        try:
+            return serve(cold)
+        finally:
+            cold.close()
+    res.close()
+    return code
+
+
+def serve(res: RestoreResult, watch: Callable[[], str | None] | None = None) -> int:
     """Stay the server's parent: forward SIGTERM/SIGINT/SIGHUP to it, return its exit status.
+    ``watch``, asked about once a second: a reason to stop serving this server (LateDamage is raised
+    with it, the server left running for the caller to stop).
 
     If the server's root process dies abruptly, vLLM's EngineCore and worker live on in the
     namespace (CRIU, its init, keeps them): after a grace period the namespace is ended."""
@@ -1129,7 +1195,13 @@ def serve(res: RestoreResult) -> int:
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, forward)
     root_gone_at = None
+    next_watch = time.monotonic() + 1.0
     while True:
+        if watch is not None and time.monotonic() >= next_watch:
+            next_watch = time.monotonic() + 1.0
+            why = watch()
+            if why:
+                raise LateDamage(why)
         try:
             done, status = os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:  # not our child: poll the root

@@ -20,7 +20,7 @@ from coldstart.pipeline import integrity
 from coldstart.pipeline.manifest import MANIFEST_NAME, read_manifest
 from coldstart.state import restores_dir
 
-OWNER = "owner.json"  # in each restore's state dir: {"snapshot": path, "pid": entrypoint pid}
+OWNER = "owner.json"  # in each restore's state dir: {"snapshot": path, "pid": entrypoint pid, "server_pid", "mounts"}
 
 
 @dataclass
@@ -33,14 +33,17 @@ class SnapshotInfo:
     users: list[int] = field(default_factory=list)  # PIDs mapping its files or restoring from it
 
 
-def write_owner(restore_dir: Path, snapshot: Path, server_pid: int = 0) -> None:
+def write_owner(restore_dir: Path, snapshot: Path, server_pid: int = 0, mounts: list[Path] = ()) -> None:
+    """``mounts``: the restore's lazy mounts (its snapshot's, its runtime's), to be unmounted with its
+    dir once its entrypoint and server are gone."""
     (restore_dir / OWNER).write_text(json.dumps({"snapshot": str(snapshot.resolve()), "pid": os.getpid(),
-                                                 "server_pid": server_pid}))
+                                                 "server_pid": server_pid, "mounts": [str(p) for p in mounts]}))
 
 
 def gc_restore_dirs() -> list[Path]:
     """Remove the state dirs of restores whose entrypoint and server are both gone (a restore with
-    --no-serve leaves its server running on its dir, so the entrypoint's exit alone is no reason)."""
+    --no-serve leaves its server running on its dir, so the entrypoint's exit alone is no reason),
+    and unmount the lazy mounts they recorded (such a restore has no entrypoint left to do it)."""
     removed = []
     for owner in (restores_dir().glob("*/" + OWNER) if restores_dir().is_dir() else []):
         try:
@@ -48,9 +51,25 @@ def gc_restore_dirs() -> list[Path]:
         except (OSError, ValueError):
             continue
         if not any(alive(int(o.get(k) or 0)) for k in ("pid", "server_pid") if int(o.get(k) or 0) > 0):
+            for mp in o.get("mounts") or []:
+                _unmount_left(Path(mp))
             shutil.rmtree(owner.parent, ignore_errors=True)
             removed.append(owner.parent)
     return removed
+
+
+def _unmount_left(mountpoint: Path) -> None:
+    from coldstart.registry.mount import unmount_point
+
+    if os.path.ismount(mountpoint):
+        try:
+            unmount_point(mountpoint, lazy=True)
+        except ColdstartError:
+            return  # left for `coldstart umount`; the dir goes with the next gc
+    try:
+        mountpoint.rmdir()
+    except OSError:
+        pass
 
 
 def users(snap: Path) -> list[int]:

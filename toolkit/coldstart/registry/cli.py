@@ -136,13 +136,9 @@ def mount_command(
 
 def umount_command(mountpoint: Path = typer.Argument(..., help="a mount made by `coldstart mount`")) -> None:
     """Unmount; the daemon exits. A process still mapping its files takes SIGBUS on its next miss."""
-    import subprocess
+    from coldstart.registry.mount import unmount_point
 
-    from coldstart.errors import ColdstartError
-
-    p = subprocess.run(["fusermount3", "-u", str(mountpoint)], capture_output=True, text=True)
-    if p.returncode != 0:
-        raise ColdstartError(f"cannot unmount {mountpoint}: {p.stderr.strip() or p.returncode}")
+    unmount_point(mountpoint)
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:

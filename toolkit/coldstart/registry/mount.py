@@ -11,12 +11,14 @@ live mount uses.
 """
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from coldstart.errors import ColdstartError
@@ -24,6 +26,9 @@ from coldstart.fsutil import write_atomic
 from coldstart.state import cache_root
 
 DAEMON = "coldstart-lazyfs"
+# the daemon's log line for a chunk whose bytes failed their digest on the first fetch and on the
+# retry (lazyfs/src/store.rs, Store::verified): the registry serves it damaged, every read of it is EIO
+_CORRUPT_LINE = re.compile(r"chunk (blake3:[0-9a-f]+) from pack (\S+) failed verification twice")
 
 
 def cache_dir() -> Path:
@@ -55,6 +60,40 @@ class Mount:
     kind: str = ""  # the index's kind: a tree (a snapshot) or a runtime (artifact.RUNTIME_KIND)
     prefix: str = ""  # a runtime: the path its server was checkpointed with it at
     prefetch: str = "all"  # what the daemon prefetches by itself (PREFETCH)
+    ref: str = ""
+    _log_seen: int = field(default=0, repr=False)  # corrupt_chunks: bytes of the log read so far
+    _corrupt: dict = field(default_factory=dict, repr=False)  # chunk digest -> pack
+
+    def corrupt_chunks(self) -> dict[str, list[str]]:
+        """The chunks the daemon found damaged in the registry so far (each failed its BLAKE3 digest
+        twice: every read of it is EIO, a restored process mapping it takes SIGBUS), as chunk digest
+        -> the paths in the tree that hold it. Reads only what the daemon logged since the last call."""
+        try:
+            with open(self.log, "rb") as f:
+                f.seek(self._log_seen)
+                new = f.read()
+        except OSError:
+            return self._files(self._corrupt)
+        new = new[:new.rfind(b"\n") + 1]  # a line still being written: next time
+        self._log_seen += len(new)
+        for m in _CORRUPT_LINE.finditer(new.decode(errors="replace")):
+            self._corrupt.setdefault(m.group(1), m.group(2))
+        return self._files(self._corrupt)
+
+    def _files(self, digests) -> dict[str, list[str]]:
+        if not digests:
+            return {}
+        try:
+            idx = json.loads((cache_dir() / "indexes" / f"{self.manifest_digest.split(':', 1)[1]}.json").read_text())
+            by_chunk = {i: c.get("digest") for i, c in enumerate(idx.get("chunks", []))}
+            paths: dict[str, list[str]] = {d: [] for d in digests}
+            for e in idx.get("entries", []):
+                for ci in e.get("chunks") or []:
+                    if by_chunk.get(ci) in paths and e["path"] not in paths[by_chunk[ci]]:
+                        paths[by_chunk[ci]].append(e["path"])
+            return paths
+        except (OSError, ValueError, KeyError, TypeError):
+            return {d: [] for d in digests}
 
     def fetch_all(self) -> bool:
         """Have the daemon prefetch every chunk it has not fetched (SIGUSR1), in the background: once
@@ -68,7 +107,10 @@ class Mount:
     def unmount(self, timeout: float = 10.0) -> None:
         """Unmount and wait for the daemon to exit (it keeps serving until then: a restored process
         mapping files of the mount must be gone first, or it takes SIGBUS on its next fault)."""
-        subprocess.run(["fusermount3", "-u", "-z", str(self.mountpoint)], capture_output=True)
+        try:
+            unmount_point(self.mountpoint, lazy=True)
+        except ColdstartError:
+            pass  # not mounted any more (the daemon still gets its SIGTERM)
         try:
             os.kill(self.pid, signal.SIGTERM)
         except ProcessLookupError:
@@ -81,6 +123,15 @@ class Mount:
                 self.mountpoint.rmdir()
             except OSError:
                 pass
+
+
+def unmount_point(mountpoint: Path | str, lazy: bool = False) -> None:
+    """Unmount a mount of the daemon (which then exits by itself). ``lazy``: detach it even while
+    files are open (a process still mapping them takes SIGBUS on its next miss)."""
+    p = subprocess.run(["fusermount3", "-u", *(["-z"] if lazy else []), str(mountpoint)],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        raise ColdstartError(f"cannot unmount {mountpoint}: {p.stderr.strip() or p.returncode}")
 
 
 def _alive(pid: int, proc: subprocess.Popen | None) -> bool:
@@ -152,7 +203,7 @@ def mount(ref: str, mountpoint: Path, *, prefetch: bool | str | None = None, thr
     while time.monotonic() < end:
         if ready.exists():
             ready.unlink(missing_ok=True)
-            return Mount(mountpoint, proc.pid, mdigest, log, proc, made, kind, prefix, prefetch)
+            return Mount(mountpoint, proc.pid, mdigest, log, proc, made, kind, prefix, prefetch, ref)
         if proc.poll() is not None:
             err = (proc.stderr.read() or b"").decode(errors="replace").strip().splitlines()
             raise ColdstartError(f"{DAEMON} exited with {proc.returncode}: {err[-1] if err else 'no message'}")
