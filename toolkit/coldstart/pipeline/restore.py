@@ -1160,8 +1160,12 @@ def serve_and_release(res: RestoreResult, opts: RestoreOptions, say: Callable[[s
         res.engine.stop(timeout=10)
         res.close(keep_runtime=opts.fallback)
         if not opts.fallback:
+            raise RestoreFailed(f"after READY: {e}") from None
+        try:
+            cold = fall_back(f"after READY: {e}", res.manifest, opts, res.timeline, say, res.runtime)
+        except BaseException:
+            res.close()  # the runtime's mount too: nothing runs from it now
             raise
-        cold = fall_back(f"after READY: {e}", res.manifest, opts, res.timeline, say, res.runtime)
         cold.runtime = res.runtime
         if asked:
             cold.stop()
