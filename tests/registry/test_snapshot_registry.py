@@ -280,7 +280,8 @@ def test_damage_found_after_ready_hands_the_port_to_a_cold_boot(registry, tiny_s
 
 def test_a_no_serve_restores_mount_goes_with_the_next_restore_once_its_server_is_gone(registry, tiny_snapshot,
                                                                                         tmp_path, monkeypatch):
-    """`coldstart restore REF --no-serve` leaves its server running on its lazy mount and exits: nobody
+    """`coldstart inspect REF` reads the manifest through a mount of its own, gone after.
+    `coldstart restore REF --no-serve` leaves its server running on its lazy mount and exits: nobody
     is left to unmount it. The next restore's clean-up (gc_restore_dirs) leaves it while the server
     runs and unmounts it, with the restore's state dir, once the server is gone."""
     import signal
@@ -295,6 +296,13 @@ def test_a_no_serve_restores_mount_goes_with_the_next_restore_once_its_server_is
     artifact.push(tiny_snapshot.out, ref)
     for k, sub in (("COLDSTART_STATE_DIR", "state"), ("COLDSTART_NODE_DIR", "node"), ("COLDSTART_LAZY_CACHE", "lazy")):
         monkeypatch.setenv(k, str(tmp_path / sub))
+    # first a look at it, as a node would before a roll-out: `inspect REF` mounts it for the look only
+    p = subprocess.run([sys.executable, "-m", "coldstart", "inspect", ref], capture_output=True, text=True,
+                       env=dict(os.environ), timeout=300)
+    assert p.returncode == 0, p.stderr[-1500:]
+    seen = json.loads(p.stdout)
+    assert seen["fits_this_host"] and seen["model"] == tiny_snapshot.manifest.model, seen
+    assert not list((tmp_path / "state").rglob("*inspect-*"))  # its mount point went with it
     p = subprocess.run([sys.executable, "-m", "coldstart", "restore", ref, "--no-serve"], capture_output=True,
                        text=True, env=dict(os.environ), timeout=600)
     assert p.returncode == 0, p.stderr[-1500:]

@@ -85,13 +85,28 @@ def restore_cmd(ctx: typer.Context) -> None:
     raise typer.Exit(main(list(ctx.args)))
 
 
-def inspect_cmd(snapshot: Path = typer.Argument(..., help="snapshot directory"),
+def inspect_cmd(snapshot: str = typer.Argument(..., help="snapshot directory, or a registry reference "
+                                                "(host[:port]/repo:tag, as `coldstart restore` takes)"),
                 verify: bool = typer.Option(False, "--verify", help="also hash every file against the manifest")) -> None:
-    """Print a snapshot's manifest summary and whether it fits this host."""
-    from coldstart.pipeline.manifest import read_manifest, validate_against_host
+    """Print a snapshot's manifest summary and whether it fits this host. A registry reference is
+    mounted lazily for the look (only the files read cross the link; all of them with --verify)."""
+    import contextlib
 
-    m = read_manifest(snapshot)
-    problems = validate_against_host(m, snapshot, verify=verify)
+    from coldstart.pipeline.manifest import read_manifest, validate_against_host
+    from coldstart.registry.mount import as_reference
+
+    with contextlib.ExitStack() as stack:
+        ref = as_reference(snapshot)
+        if ref:
+            from coldstart.registry.mount import mount, mount_point_for
+
+            mnt = mount(ref, mount_point_for(ref, "inspect-"), prefetch="none")
+            stack.callback(mnt.unmount)
+            snap = mnt.mountpoint
+        else:
+            snap = Path(snapshot)
+        m = read_manifest(snap)
+        problems = validate_against_host(m, snap, verify=verify)
     print(json.dumps({"model": m.model, "created_at": m.created_at, "vllm": m.host.get("vllm"),
                       "bytes": sum(f.size for f in m.files.values()), "canary": m.canary.text,
                       "layout": {"hot": {k: v for k, v in m.layout.items() if k != "early"}} if m.layout else "dumped",
