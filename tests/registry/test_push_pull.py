@@ -178,13 +178,42 @@ def test_corrupt_pack_in_registry_is_never_published(registry, tree, tmp_path):
     artifact.push(tree, ref, **SMALL)
     index, _, _ = artifact.fetch_index(Registry(Ref.parse(ref)))
     blob = registry.blob_path(index.packs[1].digest)
-    data = bytearray(blob.read_bytes())
+    original = blob.read_bytes()
+    data = bytearray(original)
     data[100] ^= 0xFF
     blob.write_bytes(bytes(data))
-    with pytest.raises(artifact.ArtifactError, match=r"chunk \d+ .* is corrupt"):
-        artifact.pull(ref, tmp_path / "out")
+    try:
+        with pytest.raises(artifact.ArtifactError, match=r"chunk \d+ .* is corrupt"):
+            artifact.pull(ref, tmp_path / "out")
+    finally:
+        blob.write_bytes(original)  # the module's registry stores each pack once: later pushes reuse it
     assert not (tmp_path / "out").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]  # no staging dir left
+
+
+def test_a_pull_clears_what_a_killed_pull_staged_and_leaves_a_live_ones(registry, tree, tmp_path):
+    """A pull SIGKILLed mid-write (a pod evicted) leaves its hidden staging dir: no directory at the
+    destination, but the snapshot's size on disk. The next pull to that destination removes it once
+    its writer is gone, never a live writer's, and nothing else hidden there."""
+    import subprocess
+    import sys
+
+    ref = f"{registry.host}/t/killed:v1"
+    artifact.push(tree, ref, **SMALL)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid no process has now
+    dead = tmp_path / f".out.pull-{gone.pid}"
+    (dead / "sub").mkdir(parents=True)
+    (dead / "sub" / "big.bin").write_bytes(b"x" * 4096)
+    nested = tmp_path / f"..out.pull-{gone.pid}.pull-{gone.pid}"  # a `pull --pack`'s pull, staged in its own
+    nested.mkdir()
+    live = tmp_path / f".out.pull-{os.getppid()}"  # its writer lives
+    live.mkdir()
+    mine = tmp_path / ".out.notes"
+    mine.write_text("a user's file")
+    same_tree(tree, artifact.pull(ref, tmp_path / "out").dir)
+    assert not dead.exists() and not nested.exists()
+    assert live.exists() and mine.exists()
 
 
 def test_unreachable_registry_is_one_line(tmp_path):

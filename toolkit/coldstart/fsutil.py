@@ -1,11 +1,13 @@
-"""File helpers shared by the stages: durable publishing of an artifact (staging dir → fsync → rename),
-the data extents of a sparse file and punching holes in one, read-ahead hints the kernel does not cut short."""
+"""File helpers shared by the stages: durable publishing of an artifact (staging dir → fsync → rename)
+and the removal of what killed writers staged, the data extents of a sparse file and punching holes in one, read-ahead hints the kernel does not cut short."""
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import errno
 import os
+import re
+import shutil
 import stat
 from pathlib import Path
 from typing import Iterator
@@ -101,6 +103,45 @@ def publish_dir(stage: Path, target: Path) -> None:
     fsync_tree(stage)
     os.rename(stage, target)
     fsync_dir(Path(target).parent)
+
+
+_STAGE_MARK = re.compile(r"\.(?:pull|partial)-(\d+)")
+
+
+def remove_dead_stages(parent: Path, name: str) -> list[Path]:
+    """Remove what killed writers of ``parent/name`` left beside it: the hidden staging entries of a
+    pull or a pack (".NAME.pull-PID", ".NAME.partial-PID", and the pull staged inside a pack's,
+    "..NAME.pull-PID.pull-PID") whose every writer is gone. A pod evicted mid-pull would otherwise
+    leave a snapshot's size of disk behind at every retry. A live writer's stage is left alone."""
+    removed: list[Path] = []
+    try:
+        entries = list(Path(parent).iterdir())
+    except OSError:
+        return removed
+    for p in entries:
+        rest = p.name.lstrip(".")
+        if p.name == rest or not rest.startswith(name + "."):
+            continue
+        marks = rest[len(name):]
+        pids = _STAGE_MARK.findall(marks)
+        if not pids or _STAGE_MARK.sub("", marks) or any(_pid_alive(int(x)) for x in pids):
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+        removed.append(p)
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:

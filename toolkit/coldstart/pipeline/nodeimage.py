@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from coldstart.errors import ColdstartError
-from coldstart.fsutil import fsync_dir, fsync_file, identity
+from coldstart.fsutil import fsync_dir, fsync_file, identity, remove_dead_stages
 from coldstart.pipeline.manifest import MANIFEST_NAME, read_manifest
 from coldstart.state import cache_root, node_dir
 
@@ -70,6 +70,7 @@ def pack(snapshot: Path, image: Path, *, compressor: str = COMPRESSOR, cluster: 
     if image.exists():
         raise ColdstartError(f"{image} exists: remove it or choose another path")
     image.parent.mkdir(parents=True, exist_ok=True)
+    remove_dead_stages(image.parent, image.name)  # a killed pack's
     tmp = image.with_name(f".{image.name}.partial-{os.getpid()}")
     t0 = time.monotonic()
     try:
@@ -166,6 +167,8 @@ def pull_image(ref: str, image: Path, *, compressor: str = COMPRESSOR, threads: 
     _mkfs_for(compressor)  # before a download it could not pack
     if image.exists():
         raise ColdstartError(f"{image} exists: remove it or choose another path")
+    image.parent.mkdir(parents=True, exist_ok=True)
+    remove_dead_stages(image.parent, image.name)  # a killed pull's or pack's
     work = image.parent / f".{image.name}.pull-{os.getpid()}"
     shutil.rmtree(work, ignore_errors=True)
     try:

@@ -37,7 +37,7 @@ from typing import Callable
 import blake3
 
 from coldstart.errors import ColdstartError
-from coldstart.fsutil import publish_dir
+from coldstart.fsutil import publish_dir, remove_dead_stages
 from coldstart.registry.distribution import OCI_MANIFEST, Ref, Registry, RegistryError, sha256_digest
 
 ARTIFACT_TYPE = "application/vnd.coldstart.snapshot.v1"
@@ -676,6 +676,7 @@ def pull(ref: str, dest: Path, *, threads: int = 4, say: Say = lambda s: None) -
     reg = Registry(Ref.parse(ref))
     index, mdigest, _ = fetch_index(reg)
     dest.parent.mkdir(parents=True, exist_ok=True)
+    remove_dead_stages(dest.parent, dest.name)  # a killed pull's
     stage = dest.parent / f".{dest.name}.pull-{os.getpid()}"
     shutil.rmtree(stage, ignore_errors=True)
     stage.mkdir()
