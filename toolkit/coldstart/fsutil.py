@@ -124,7 +124,7 @@ def remove_dead_stages(parent: Path, name: str) -> list[Path]:
             continue
         marks = rest[len(name):]
         pids = _STAGE_MARK.findall(marks)
-        if not pids or _STAGE_MARK.sub("", marks) or any(_pid_alive(int(x)) for x in pids):
+        if not pids or _STAGE_MARK.sub("", marks) or any(pid_alive(int(x)) for x in pids):
             continue
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p, ignore_errors=True)
@@ -134,7 +134,8 @@ def remove_dead_stages(parent: Path, name: str) -> list[Path]:
     return removed
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """A process with this PID exists (one of another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

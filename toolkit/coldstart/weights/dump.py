@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from coldstart.errors import ColdstartError
+from coldstart.fsutil import pid_alive
 from coldstart.weights.format import (
     DATA_NAME,
     DEFAULT_ALIGNMENT,
@@ -34,23 +35,13 @@ Progress = Callable[[int, int], None]  # (bytes done, bytes total; total 0 when 
 _STAGING_RE = re.compile(r"^\.(?P<name>.+)\.staging-(?P<pid>\d+)-[0-9a-f]+$")
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _clean_stale_staging(out_dir: Path) -> None:
     """Remove staging dirs for ``out_dir`` whose writer is dead (a SIGKILLed earlier dump)."""
     if not out_dir.parent.exists():
         return
     for p in out_dir.parent.iterdir():
         m = _STAGING_RE.match(p.name)
-        if m and m["name"] == out_dir.name and not _pid_alive(int(m["pid"])):
+        if m and m["name"] == out_dir.name and not pid_alive(int(m["pid"])):
             shutil.rmtree(p, ignore_errors=True)
 
 
