@@ -359,3 +359,35 @@ def test_a_start_docker_refuses_is_one_line_and_leaves_no_container(docker_clien
         with pytest.raises(ColdstartError, match=f"docker could not start container {ctr.name}: .*{port}"):
             run.start(ctr)
     assert not docker_client.containers.list(all=True, filters={"id": ctr.id})
+
+
+def test_a_taken_name_is_one_line_and_the_lazy_mount_goes(docker_host, docker_client, app_image, container_snapshot,
+                                                          tiny_model_dir, tmp_path):
+    """`coldstart container restore REF --name N` with N taken: docker refuses the create call; the
+    command says so in one line, exits non-zero, and unmounts the lazy mount it made for the container."""
+    import os
+    import subprocess
+    import sys
+
+    from coldstart.registry import artifact, server
+
+    srv = server.start(tmp_path / "registry", free_port())
+    name = f"coldstart-test-taken-{os.getpid()}"
+    taken = docker_client.containers.create(app_image.tag, ["true"], name=name, entrypoint=["true"])
+    try:
+        ref = f"{srv.host}/snapshots/container-taken:v1"
+        artifact.push(container_snapshot, ref)
+        env = {**os.environ, "COLDSTART_LAZY_CACHE": str(tmp_path / "lazy-cache"),
+               "COLDSTART_STATE_DIR": str(tmp_path / "state")}
+        p = subprocess.run([sys.executable, "-m", "coldstart", "container", "restore", ref, "--model",
+                            str(tiny_model_dir), "--port", str(free_port()), "--name", name, "--host", docker_host],
+                           capture_output=True, text=True, timeout=600, env=env)
+        assert p.returncode != 0
+        last = p.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"error: docker could not create container {name}: ") and "in use" in last, p.stderr[-2000:]
+        assert "Traceback" not in p.stderr
+        mounts = tmp_path / "state" / "mounts"
+        assert not mounts.exists() or not any(os.path.ismount(m) for m in mounts.iterdir()), list(mounts.iterdir())
+    finally:
+        taken.remove(force=True)
+        srv.stop()

@@ -116,7 +116,6 @@ def restore_command(
     import time
 
     from coldstart.containers import docker_api, image, run
-    from coldstart.errors import ColdstartError
     from coldstart.pipeline.checkpoint import check_listen, hf_model_dir
     from coldstart.registry.mount import as_reference, mount, mount_point_for
 
@@ -129,7 +128,7 @@ def restore_command(
     layers = docker_api.image_layers(c, img.tag)
     t0, wall0 = time.monotonic(), time.time()
     env = {"COLDSTART_T0": repr(wall0)}
-    snap = Path(snapshot)
+    snap, m = Path(snapshot), None
     if as_reference(snapshot):
         m = mount(snapshot, mount_point_for(snapshot, "container-"))
         snap = m.mountpoint
@@ -138,13 +137,15 @@ def restore_command(
         typer.echo(f"mounted {snapshot} at {snap} (lazy); `coldstart umount {snap}` once the container is gone",
                    err=True)
     warmer = run.host_warm(snap, layers) if host_warm else None
-    ctr = run.create_restore(c, img.tag, snap, model, port, name=name, env=env, host_warms=host_warm)
-    created_s = time.monotonic() - t0
     try:
+        ctr = run.create_restore(c, img.tag, snap, model, port, name=name, env=env, host_warms=host_warm)
+        created_s = time.monotonic() - t0
         run.start(ctr)
-    except ColdstartError:
+    except BaseException:
         if warmer is not None:
             warmer.cancel()
+        if m is not None:  # no container will use it
+            m.unmount()
         raise
     started_s = time.monotonic() - t0
     if warmer is not None:

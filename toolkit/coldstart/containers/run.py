@@ -155,11 +155,22 @@ def create_restore(c, image: str, snapshot: Path, model: Path, host_port: int, *
         env["COLDSTART_NODE_DIR"] = NODE_MOUNT
     argv = ["/snapshot", *(extra or [])] if entrypoint is None else entrypoint[1:]
     kw = {} if entrypoint is None else {"entrypoint": entrypoint[:1]}
-    return c.containers.create(image, argv, name=name, shm_size=SHM_SIZE, **kw,
-                               network=docker_api.ensure_network(c), tmpfs=STATE_TMPFS,
-                               ports={f"{CONTAINER_PORT}/tcp": ("127.0.0.1", host_port)}, environment=env,
-                               volumes=volumes, runtime=docker_api.oci_runtime(c),
-                               **(RESTORE_SECURITY if security is None else security))
+    return _create(c, image, argv, name=name, shm_size=SHM_SIZE, **kw,
+                   network=docker_api.ensure_network(c), tmpfs=STATE_TMPFS,
+                   ports={f"{CONTAINER_PORT}/tcp": ("127.0.0.1", host_port)}, environment=env,
+                   volumes=volumes, runtime=docker_api.oci_runtime(c),
+                   **(RESTORE_SECURITY if security is None else security))
+
+
+def _create(c, image: str, argv: list[str], **kw):
+    """docker's create call; a refusal (the name taken, the image gone) is one line naming the container."""
+    import docker
+
+    try:
+        return c.containers.create(image, argv, **kw)
+    except docker.errors.APIError as e:
+        raise ColdstartError(f"docker could not create container {kw.get('name') or 'for ' + image}: "
+                             f"{e.explanation or e}") from None
 
 
 def with_host_events(summary: dict, created_s: float | None, started_s: float | None) -> dict:
@@ -517,10 +528,10 @@ def create_naive(c, image: str, model: Path, host_port: int, kv_cache_bytes: int
     from coldstart.containers import docker_api
 
     model = hf_model_dir(model)
-    return c.containers.create(image, ["-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-                                       "--host", "0.0.0.0", "--port", str(CONTAINER_PORT), "--seed", "0",
-                                       "--kv-cache-memory-bytes", str(kv_cache_bytes), *(extra or [])],
-                               entrypoint=["python3"], name=name, shm_size=SHM_SIZE, network=docker_api.ensure_network(c),
-                               ports={f"{CONTAINER_PORT}/tcp": ("127.0.0.1", host_port)},
-                               volumes={str(model): {"bind": str(model), "mode": "ro"}},
-                               runtime=docker_api.oci_runtime(c))
+    return _create(c, image, ["-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+                              "--host", "0.0.0.0", "--port", str(CONTAINER_PORT), "--seed", "0",
+                              "--kv-cache-memory-bytes", str(kv_cache_bytes), *(extra or [])],
+                   entrypoint=["python3"], name=name, shm_size=SHM_SIZE, network=docker_api.ensure_network(c),
+                   ports={f"{CONTAINER_PORT}/tcp": ("127.0.0.1", host_port)},
+                   volumes={str(model): {"bind": str(model), "mode": "ro"}},
+                   runtime=docker_api.oci_runtime(c))
