@@ -391,3 +391,46 @@ def test_a_taken_name_is_one_line_and_the_lazy_mount_goes(docker_host, docker_cl
     finally:
         taken.remove(force=True)
         srv.stop()
+
+
+def test_a_lazy_mount_made_for_a_container_goes_once_the_container_is_removed(docker_host, docker_client, app_image,
+                                                                              container_snapshot, tiny_model_dir,
+                                                                              tmp_path, monkeypatch):
+    """`coldstart container restore REF` returns while its container serves from the host's lazy mount;
+    the mount stays while the container exists, and the next one's clean-up (gc_container_mounts)
+    unmounts it once the container is removed."""
+    import os
+    import subprocess
+    import sys
+
+    from coldstart.registry import artifact, server
+
+    srv = server.start(tmp_path / "registry", free_port())
+    name = f"coldstart-test-mount-gc-{os.getpid()}"
+    monkeypatch.setenv("COLDSTART_LAZY_CACHE", str(tmp_path / "lazy-cache"))
+    monkeypatch.setenv("COLDSTART_STATE_DIR", str(tmp_path / "state"))
+    try:
+        ref = f"{srv.host}/snapshots/container-gc:v1"
+        artifact.push(container_snapshot, ref)
+        port = free_port()
+        p = subprocess.run([sys.executable, "-m", "coldstart", "container", "restore", ref, "--model",
+                            str(tiny_model_dir), "--port", str(port), "--name", name, "--host", docker_host],
+                           capture_output=True, text=True, timeout=600, env=dict(os.environ))
+        assert p.returncode == 0, p.stderr[-3000:]
+        assert json.loads(p.stdout.strip().splitlines()[-1])["restored"] is True
+        mnts = [m for m in (tmp_path / "state" / "mounts").iterdir() if m.is_dir()]
+        assert len(mnts) == 1 and os.path.ismount(mnts[0])
+        assert run.gc_container_mounts(docker_client) == [] and os.path.ismount(mnts[0])  # still in use
+        assert _completion(port, str(tiny_model_dir))["choices"][0]["text"]
+        docker_client.containers.get(name).remove(force=True)
+        assert run.gc_container_mounts(docker_client) == mnts
+        assert not mnts[0].exists() and not list((tmp_path / "state" / "mounts").iterdir())
+    finally:
+        try:
+            docker_client.containers.get(name).remove(force=True)
+        except Exception:  # noqa: BLE001 - removed above, or never made
+            pass
+        for m in (tmp_path / "state" / "mounts").glob("*"):
+            if os.path.ismount(m):
+                subprocess.run(["fusermount3", "-u", "-z", str(m)])
+        srv.stop()

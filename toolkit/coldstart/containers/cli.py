@@ -117,7 +117,7 @@ def restore_command(
 
     from coldstart.containers import docker_api, image, run
     from coldstart.pipeline.checkpoint import check_listen, hf_model_dir
-    from coldstart.registry.mount import as_reference, mount, mount_point_for
+    from coldstart.registry.mount import as_reference
 
     hf_model_dir(model)  # before the image build: one line, not minutes then a traceback
     check_listen("127.0.0.1", port)  # docker would refuse only at the start call, the container made
@@ -126,20 +126,24 @@ def restore_command(
     c = docker_api.client(host)
     img = image.app_image(c, Path(__file__).resolve().parents[3], say=lambda m: typer.echo(m, err=True))
     layers = docker_api.image_layers(c, img.tag)
+    if as_reference(snapshot):
+        run.gc_container_mounts(c)  # (before the clock: not part of this start)
     t0, wall0 = time.monotonic(), time.time()
     env = {"COLDSTART_T0": repr(wall0)}
     snap, m = Path(snapshot), None
     if as_reference(snapshot):
-        m = mount(snapshot, mount_point_for(snapshot, "container-"))
+        m = run.mount_for_container(snapshot)
         snap = m.mountpoint
         # every byte read through the mount is checked against its chunk's BLAKE3 digest
         env["COLDSTART_VERIFY"] = "off"
-        typer.echo(f"mounted {snapshot} at {snap} (lazy); `coldstart umount {snap}` once the container is gone",
-                   err=True)
+        typer.echo(f"mounted {snapshot} at {snap} (lazy; unmounted by the next `container restore REF` once "
+                   f"the container is removed, or by `coldstart umount {snap}`)", err=True)
     warmer = run.host_warm(snap, layers) if host_warm else None
     try:
         ctr = run.create_restore(c, img.tag, snap, model, port, name=name, env=env, host_warms=host_warm)
         created_s = time.monotonic() - t0
+        if m is not None:
+            run.own_mount(m, ctr)
         run.start(ctr)
     except BaseException:
         if warmer is not None:

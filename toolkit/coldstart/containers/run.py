@@ -242,6 +242,59 @@ def start_restore(c, image: str, snapshot: Path, model: Path, host_port: int, **
     return ctr
 
 
+def mount_for_container(ref: str):
+    """A lazy mount of ``ref`` on the host for one restore container (registry.mount); hand it to
+    ``own_mount`` once the container exists."""
+    from coldstart.registry.mount import mount, mount_point_for
+
+    return mount(ref, mount_point_for(ref, "container-"))
+
+
+def own_mount(mnt, ctr) -> None:
+    """Record that ``ctr`` uses ``mnt``: the host's command returns while the container serves, so a
+    later ``gc_container_mounts`` unmounts it once the container is removed."""
+    from coldstart.fsutil import write_atomic
+
+    write_atomic(_owner_file(mnt.mountpoint), ctr.id + "\n")
+
+
+def gc_container_mounts(c) -> list[Path]:
+    """Unmount the lazy mounts made for restore containers (``own_mount``) that this daemon no longer
+    has; returns their mount points. Docker cannot tell us when a container goes, so every
+    `container restore REF` first cleans up after the ones before it."""
+    import docker
+
+    from coldstart.registry.mount import unmount_point
+    from coldstart.state import state_dir
+
+    gone = []
+    for owner in sorted((state_dir() / "mounts").glob("*.container")):
+        try:
+            c.containers.get(owner.read_text().strip())
+            continue
+        except docker.errors.NotFound:
+            pass
+        except (docker.errors.APIError, OSError):
+            continue  # not ours to judge now
+        mp = owner.with_suffix("")
+        if os.path.ismount(mp):
+            try:
+                unmount_point(mp, lazy=True)
+            except ColdstartError:
+                continue
+        try:
+            mp.rmdir()
+        except OSError:
+            pass
+        owner.unlink(missing_ok=True)
+        gone.append(mp)
+    return gone
+
+
+def _owner_file(mountpoint: Path) -> Path:
+    return Path(mountpoint).with_name(Path(mountpoint).name + ".container")
+
+
 def start(ctr) -> None:
     """Start a created container; if docker refuses (a port taken meanwhile, a runtime error), the
     container is removed and its reason is one line."""
