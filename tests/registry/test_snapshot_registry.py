@@ -324,3 +324,25 @@ def test_a_no_serve_restores_mount_goes_with_the_next_restore_once_its_server_is
             os.kill(pid, signal.SIGKILL)
         if os.path.ismount(mnt):
             subprocess.run(["fusermount3", "-u", "-z", str(mnt)])
+
+
+def test_a_reference_that_is_no_snapshot_is_named_as_such(registry, tmp_path):
+    """A pushed tree without a manifest (a venv, a wrong directory): `inspect REF` and `restore REF
+    --no-fallback` name the reference, not the mount point they read it through, and leave no mount."""
+    import subprocess
+    import sys
+
+    tree = tmp_path / "not-a-snapshot"
+    tree.mkdir()
+    (tree / "file.txt").write_text("hello")
+    ref = f"{registry.host}/t/not-a-snapshot:v1"
+    artifact.push(tree, ref)
+    env = {**os.environ, "COLDSTART_STATE_DIR": str(tmp_path / "state"), "COLDSTART_LAZY_CACHE": str(tmp_path / "lazy")}
+    for argv in (["inspect", ref], ["restore", ref, "--no-serve", "--no-fallback"]):
+        p = subprocess.run([sys.executable, "-m", "coldstart", *argv], capture_output=True, text=True, env=env,
+                           timeout=300)
+        assert p.returncode != 0
+        assert p.stderr.strip().splitlines()[-1] == (f"error: {ref} is not a snapshot: the artifact has no "
+                                                     "manifest.json (`coldstart push` of a directory that was not one?)")
+        mounts = tmp_path / "state" / "mounts"
+        assert not mounts.exists() or not list(mounts.iterdir()), list(mounts.iterdir())

@@ -105,7 +105,7 @@ def inspect_cmd(snapshot: str = typer.Argument(..., help="snapshot directory, or
             snap = mnt.mountpoint
         else:
             snap = Path(snapshot)
-        m = read_manifest(snap)
+        m = read_manifest(snap, ref)
         problems = validate_against_host(m, snap, verify=verify)
     print(json.dumps({"model": m.model, "created_at": m.created_at, "vllm": m.host.get("vllm"),
                       "bytes": sum(f.size for f in m.files.values()), "canary": m.canary.text,

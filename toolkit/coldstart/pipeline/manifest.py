@@ -199,11 +199,15 @@ def write_manifest(snapshot_dir: Path, m: Manifest) -> Path:
     return path
 
 
-def read_manifest(snapshot_dir: Path) -> Manifest:
+def read_manifest(snapshot_dir: Path, ref: str | None = None) -> Manifest:
+    """``ref``: the registry reference ``snapshot_dir`` is a mount of, named instead of the mount point."""
     path = Path(snapshot_dir) / MANIFEST_NAME
     if not Path(snapshot_dir).is_dir():
         raise ColdstartError(f"snapshot directory {snapshot_dir} does not exist")
     if not path.is_file():
+        if ref:
+            raise ColdstartError(f"{ref} is not a snapshot: the artifact has no {MANIFEST_NAME} "
+                                 "(`coldstart push` of a directory that was not one?)")
         raise ColdstartError(f"{path} is missing: {snapshot_dir} is not a published snapshot "
                              "(an interrupted checkpoint leaves no manifest)")
     try:

@@ -180,7 +180,7 @@ def restore(opts: RestoreOptions, say: Callable[[str], None] = print) -> Restore
                 # BLAKE3 digest, and `coldstart push` published only bytes matching the manifest's
                 # digests: hashing the files here would fetch all of them before the first token
                 opts = RestoreOptions(**{**opts.__dict__, "verify": "off"})
-        m = read_manifest(snap)
+        m = read_manifest(snap, opts.ref)
         tl.labels["model"] = Path(m.model).name
         if opts.runtime:
             rt = _runtime(opts.runtime, m, tl, say)
