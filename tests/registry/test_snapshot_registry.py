@@ -346,3 +346,37 @@ def test_a_reference_that_is_no_snapshot_is_named_as_such(registry, tmp_path):
                                                      "manifest.json (`coldstart push` of a directory that was not one?)")
         mounts = tmp_path / "state" / "mounts"
         assert not mounts.exists() or not list(mounts.iterdir()), list(mounts.iterdir())
+
+
+def test_damage_found_before_ready_is_named_as_the_cause_of_the_fallback(registry, tiny_snapshot, tiny_model_dir,
+                                                                         tmp_path, monkeypatch):
+    """A chunk the restore needs (CRIU's process tree image) damaged in the registry: every read of it is
+    EIO, CRIU fails on it, and the fallback's reason names the damaged chunk, its file and the
+    reference (the cause) before what CRIU said of its EIO (the symptom); the cold boot serves."""
+    from coldstart.registry.distribution import Ref, Registry
+
+    ref = f"{registry.host}/snapshots/tiny-early-damage:v1"
+    artifact.push(tiny_snapshot.out, ref)
+    index, _, _ = artifact.fetch_index(Registry(Ref.parse(ref)))
+    e = next(e for e in index.entries if e.path == "criu/pstree.img")
+    assert all(e.chunks[0] not in o.chunks for o in index.entries if o is not e)
+    c = index.chunks[e.chunks[0]]
+    blob = registry.blob_path(index.packs[c.pack].digest)
+    original = blob.read_bytes()
+    data = bytearray(original)
+    data[c.offset + c.stored // 2] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    monkeypatch.setenv("COLDSTART_NODE_DIR", str(tmp_path / "node"))
+    monkeypatch.setenv("COLDSTART_LAZY_CACHE", str(tmp_path / "lazy-cache"))
+    try:
+        r = restore(RestoreOptions(snapshot=tmp_path / "mnt", ref=ref, model=str(tiny_model_dir), port=free_port()),
+                    say=lambda s: None)
+        try:
+            assert not r.restored
+            assert r.fallback_reason.startswith(f"chunk {c.digest[:19]} of criu/pstree.img of {ref} failed its "
+                                                "digest twice: the registry serves it damaged ("), r.fallback_reason
+            assert EngineClient(r.base_url, timeout=300).complete("Hello", max_tokens=2).text is not None
+        finally:
+            r.stop()
+    finally:
+        blob.write_bytes(original)

@@ -156,15 +156,21 @@ class RestoreResult:
         snapshot or runtime that the registry serves damaged (registry.mount.Mount.corrupt_chunks; the
         daemon finds the rest of the chunks after READY, in the background). The server maps the
         files holding it and will take SIGBUS, or hang inside a request, when it reads it."""
-        for mnt in (self.mount, self.runtime.mount if self.runtime is not None else None):
-            bad = mnt.corrupt_chunks() if mnt is not None else {}
-            if bad:
-                digest, paths = next(iter(bad.items()))
-                where = f"{', '.join(paths) or 'a file'} of {mnt.ref or mnt.mountpoint}"
-                more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-                return (f"chunk {digest[:19]} of {where} failed its digest twice{more}: the registry serves it "
-                        "damaged, and the restored server maps it")
-        return None
+        why = damaged_chunk(self.mount, self.runtime.mount if self.runtime is not None else None)
+        return f"{why}, and the restored server maps it" if why else None
+
+
+def damaged_chunk(*mounts) -> str | None:
+    """The first chunk of these lazy mounts (registry.mount.Mount, or None) that the registry serves
+    damaged, named with its file and reference, or None."""
+    for mnt in mounts:
+        bad = mnt.corrupt_chunks() if mnt is not None else {}
+        if bad:
+            digest, paths = next(iter(bad.items()))
+            where = f"{', '.join(paths) or 'a file'} of {mnt.ref or mnt.mountpoint}"
+            more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+            return f"chunk {digest[:19]} of {where} failed its digest twice{more}: the registry serves it damaged"
+    return None
 
 
 def restore(opts: RestoreOptions, say: Callable[[str], None] = print) -> RestoreResult:
@@ -200,11 +206,15 @@ def restore(opts: RestoreOptions, say: Callable[[str], None] = print) -> Restore
             res.mount, res.runtime = mnt, rt
             return res
     except Exception as e:  # the entrypoint's promise: whatever went wrong, still serve (cold)
-        if mnt is not None:
-            mnt.unmount()
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         if not isinstance(e, (ColdstartError, OSError, subprocess.SubprocessError, TimeoutError)):
             reason = f"{type(e).__name__}: {reason}"  # unexpected: name the exception type too
+        # a chunk the registry serves damaged is the cause; what CRIU or the server said of its EIO, the symptom
+        bad = damaged_chunk(mnt, rt.mount if rt is not None else None)
+        if bad:
+            reason = f"{bad} ({reason[:200]})"
+        if mnt is not None:
+            mnt.unmount()
         if not opts.fallback:
             if rt is not None and rt.mount is not None:
                 rt.mount.unmount()
