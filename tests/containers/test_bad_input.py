@@ -7,11 +7,14 @@ import sys
 
 import pytest
 
+from coldstart.engine.launcher import free_port
 
-@pytest.mark.parametrize("args, says", [
-    (["container", "restore", "{missing}", "--model", "{model}"], "snapshot {missing}: no such directory"),
-    (["container", "restore", "{tmp}", "--model", "{missing}"], "model {missing} not found"),
-    (["container", "run-cold", "{missing}"], "model {missing} not found"),
+
+@pytest.mark.parametrize("args, says", [  # (a free --port: a server on the default 8000 is no bad path)
+    (["container", "restore", "{missing}", "--model", "{model}", "--port", "{port}"],
+     "snapshot {missing}: no such directory"),
+    (["container", "restore", "{tmp}", "--model", "{missing}", "--port", "{port}"], "model {missing} not found"),
+    (["container", "run-cold", "{missing}", "--port", "{port}"], "model {missing} not found"),
     (["container", "checkpoint", "{missing}", "--out", "{tmp}/snap"], "model {missing} not found"),
 ])
 def test_a_missing_path_is_one_line_and_creates_nothing(tmp_path, args, says):
@@ -19,7 +22,7 @@ def test_a_missing_path_is_one_line_and_creates_nothing(tmp_path, args, says):
     model.mkdir()
     (model / "config.json").write_text("{}")
     missing = tmp_path / "no-such-dir"
-    fill = {"missing": missing, "model": model, "tmp": tmp_path}
+    fill = {"missing": missing, "model": model, "tmp": tmp_path, "port": free_port()}
     p = subprocess.run([sys.executable, "-m", "coldstart", *(a.format(**fill) for a in args),
                         "--host", "unix:///nonexistent/docker.sock"], capture_output=True, text=True, timeout=120)
     assert p.returncode != 0, p
