@@ -121,18 +121,19 @@ def restore_command(
 
     hf_model_dir(model)  # before the image build: one line, not minutes then a traceback
     check_listen("127.0.0.1", port)  # docker would refuse only at the start call, the container made
-    if not as_reference(snapshot):
+    ref = as_reference(snapshot)
+    if not ref:
         run.host_snapshot(Path(snapshot))
     c = docker_api.client(host)
     img = image.app_image(c, Path(__file__).resolve().parents[3], say=lambda m: typer.echo(m, err=True))
     layers = docker_api.image_layers(c, img.tag)
-    if as_reference(snapshot):
+    if ref:
         run.gc_container_mounts(c)  # (before the clock: not part of this start)
     t0, wall0 = time.monotonic(), time.time()
     env = {"COLDSTART_T0": repr(wall0)}
     snap, m = Path(snapshot), None
-    if as_reference(snapshot):
-        m = run.mount_for_container(snapshot)
+    if ref:
+        m = run.mount_for_container(ref)
         snap = m.mountpoint
         # every byte read through the mount is checked against its chunk's BLAKE3 digest
         env["COLDSTART_VERIFY"] = "off"

@@ -33,7 +33,7 @@ from typing import Any
 from coldstart.criu import images as _images
 from coldstart.criu.caps import RESTORE_NEEDS
 from coldstart.errors import ColdstartError
-from coldstart.fsutil import data_extents
+from coldstart.fsutil import data_extents, write_atomic
 # imported here, not in host_warm: host_warm runs inside the timed window that starts at the create call
 # (after a dropped page cache, importing the warmer's modules, numpy among them, took 2.5 s there)
 from coldstart.pipeline.checkpoint import hf_model_dir
@@ -253,8 +253,6 @@ def mount_for_container(ref: str):
 def own_mount(mnt, ctr) -> None:
     """Record that ``ctr`` uses ``mnt``: the host's command returns while the container serves, so a
     later ``gc_container_mounts`` unmounts it once the container is removed."""
-    from coldstart.fsutil import write_atomic
-
     write_atomic(_owner_file(mnt.mountpoint), ctr.id + "\n")
 
 
@@ -264,7 +262,7 @@ def gc_container_mounts(c) -> list[Path]:
     `container restore REF` first cleans up after the ones before it."""
     import docker
 
-    from coldstart.registry.mount import unmount_point
+    from coldstart.registry.mount import unmount_left
     from coldstart.state import state_dir
 
     gone = []
@@ -277,15 +275,8 @@ def gc_container_mounts(c) -> list[Path]:
         except (docker.errors.APIError, OSError):
             continue  # not ours to judge now
         mp = owner.with_suffix("")
-        if os.path.ismount(mp):
-            try:
-                unmount_point(mp, lazy=True)
-            except ColdstartError:
-                continue
-        try:
-            mp.rmdir()
-        except OSError:
-            pass
+        if not unmount_left(mp):
+            continue
         owner.unlink(missing_ok=True)
         gone.append(mp)
     return gone

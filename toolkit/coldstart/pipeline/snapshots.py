@@ -44,6 +44,8 @@ def gc_restore_dirs() -> list[Path]:
     """Remove the state dirs of restores whose entrypoint and server are both gone (a restore with
     --no-serve leaves its server running on its dir, so the entrypoint's exit alone is no reason),
     and unmount the lazy mounts they recorded (such a restore has no entrypoint left to do it)."""
+    from coldstart.registry.mount import unmount_left
+
     removed = []
     for owner in (restores_dir().glob("*/" + OWNER) if restores_dir().is_dir() else []):
         try:
@@ -52,24 +54,10 @@ def gc_restore_dirs() -> list[Path]:
             continue
         if not any(alive(int(o.get(k) or 0)) for k in ("pid", "server_pid") if int(o.get(k) or 0) > 0):
             for mp in o.get("mounts") or []:
-                _unmount_left(Path(mp))
+                unmount_left(Path(mp))
             shutil.rmtree(owner.parent, ignore_errors=True)
             removed.append(owner.parent)
     return removed
-
-
-def _unmount_left(mountpoint: Path) -> None:
-    from coldstart.registry.mount import unmount_point
-
-    if os.path.ismount(mountpoint):
-        try:
-            unmount_point(mountpoint, lazy=True)
-        except ColdstartError:
-            return  # left for `coldstart umount`; the dir goes with the next gc
-    try:
-        mountpoint.rmdir()
-    except OSError:
-        pass
 
 
 def users(snap: Path) -> list[int]:

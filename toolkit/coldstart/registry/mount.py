@@ -28,7 +28,7 @@ from coldstart.state import cache_root
 DAEMON = "coldstart-lazyfs"
 # the daemon's log line for a chunk whose bytes failed their digest on the first fetch and on the
 # retry (lazyfs/src/store.rs, Store::verified): the registry serves it damaged, every read of it is EIO
-_CORRUPT_LINE = re.compile(r"chunk (blake3:[0-9a-f]+) from pack (\S+) failed verification twice")
+_CORRUPT_LINE = re.compile(r"chunk (blake3:[0-9a-f]+) from pack \S+ failed verification twice")
 
 
 def cache_dir() -> Path:
@@ -62,7 +62,7 @@ class Mount:
     prefetch: str = "all"  # what the daemon prefetches by itself (PREFETCH)
     ref: str = ""
     _log_seen: int = field(default=0, repr=False)  # corrupt_chunks: bytes of the log read so far
-    _corrupt: dict = field(default_factory=dict, repr=False)  # chunk digest -> pack
+    _corrupt: list = field(default_factory=list, repr=False)  # damaged chunk digests, in the order logged
 
     def corrupt_chunks(self) -> dict[str, list[str]]:
         """The chunks the daemon found damaged in the registry so far (each failed its BLAKE3 digest
@@ -77,7 +77,8 @@ class Mount:
         new = new[:new.rfind(b"\n") + 1]  # a line still being written: next time
         self._log_seen += len(new)
         for m in _CORRUPT_LINE.finditer(new.decode(errors="replace")):
-            self._corrupt.setdefault(m.group(1), m.group(2))
+            if m.group(1) not in self._corrupt:
+                self._corrupt.append(m.group(1))
         return self._files(self._corrupt)
 
     def _files(self, digests) -> dict[str, list[str]]:
@@ -132,6 +133,21 @@ def unmount_point(mountpoint: Path | str, lazy: bool = False) -> None:
                        capture_output=True, text=True)
     if p.returncode != 0:
         raise ColdstartError(f"cannot unmount {mountpoint}: {p.stderr.strip() or p.returncode}")
+
+
+def unmount_left(mountpoint: Path) -> bool:
+    """Unmount a mount its users left behind (lazily: nothing should map it now) and remove its mount
+    point; False where the unmount was refused (left for `coldstart umount`)."""
+    if os.path.ismount(mountpoint):
+        try:
+            unmount_point(mountpoint, lazy=True)
+        except ColdstartError:
+            return False
+    try:
+        Path(mountpoint).rmdir()
+    except OSError:
+        pass
+    return True
 
 
 def _alive(pid: int, proc: subprocess.Popen | None) -> bool:
