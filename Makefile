@@ -3,6 +3,10 @@ SHELL := /bin/bash
 VENV  := .venv
 PY    := $(VENV)/bin/python
 CS    := $(VENV)/bin/coldstart
+# The venv is shared by every checkout on the machine (cached by its requirements), and its editable
+# install of coldstart points at whichever checkout ran `make setup` last: this checkout's code comes
+# first for every target and every process they start (tests, servers, `python -m coldstart`).
+export PYTHONPATH := $(CURDIR)/toolkit$(if $(PYTHONPATH),:$(PYTHONPATH))
 
 .PHONY: setup demo test bench bench-load bench-criu clean
 
