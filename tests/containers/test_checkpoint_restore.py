@@ -40,6 +40,17 @@ def _completion(port: int, model: str) -> dict:
         return json.loads(r.read())
 
 
+def _remove(docker_client, name: str | None) -> None:
+    """Remove container ``name`` if there is one (a command may have failed before it made it)."""
+    import docker
+
+    try:
+        if name:
+            docker_client.containers.get(name).remove(force=True)
+    except docker.errors.NotFound:
+        pass
+
+
 def _summary(ctr, timeout: float) -> dict:
     deadline = time.monotonic() + timeout
     logs = ""
@@ -271,6 +282,106 @@ def test_restore_in_a_container_from_a_lazy_registry_mount(docker_client, app_im
         srv.stop()
 
 
+def test_a_chunk_the_registry_serves_damaged_is_named_in_a_container_before_and_after_ready(
+        docker_host, docker_client, app_image, container_snapshot, tiny_model_dir, tmp_path, monkeypatch):
+    """The snapshot mounted lazily on the host (prefetching nothing by itself: COLDSTART_LAZY_PREFETCH=none)
+    and bound into the container with the daemon's log and index. A first restore (``--no-warm``)
+    shows which chunks of the largest pages image a restore reads; one in the middle of the longest
+    run it did not read is then damaged in the registry. `coldstart container restore REF` serves
+    restored; the host's daemon, asked for every chunk, finds that one bad, and the entrypoint in the
+    container stops the restored server and cold-boots on the same port, naming the chunk, its file
+    and the reference. Then CRIU's process-tree image damaged instead (a chunk every restore reads,
+    a fresh chunk cache): the fallback's reason names it before CRIU's symptom."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    from coldstart.registry import artifact, server
+    from coldstart.registry.distribution import Ref, Registry
+
+    srv = server.start(tmp_path / "registry", free_port())
+    name = f"coldstart-test-damage-{os.getpid()}"
+    for k, sub in (("COLDSTART_LAZY_CACHE", "lazy-cache"), ("COLDSTART_STATE_DIR", "state")):
+        monkeypatch.setenv(k, str(tmp_path / sub))
+    monkeypatch.setenv("COLDSTART_LAZY_PREFETCH", "none")
+    mnt = ctr = None
+
+    def damage(c) -> str:  # one byte of chunk c flipped in its pack; how a fallback names it (file: {})
+        blob = srv.blob_path(index.packs[c.pack].digest)
+        data = bytearray(blob.read_bytes())
+        data[c.offset + c.stored // 2] ^= 0xFF
+        blob.write_bytes(bytes(data))
+        return f"chunk {c.digest[:19]} of {{}} of {ref} failed its digest twice: the registry serves it damaged"
+
+    try:
+        ref = f"{srv.host}/snapshots/container-damage:v1"
+        artifact.push(container_snapshot, ref)
+        index, _, _ = artifact.fetch_index(Registry(Ref.parse(ref)))
+        e = max((e for e in index.entries if re.fullmatch(r"criu/pages-\d+\.img", e.path)), key=lambda e: e.size)
+        elsewhere = {ci for o in index.entries if o is not e for ci in o.chunks}
+
+        def unread(ci):  # not in the node's chunk cache, nor in another file
+            hexd = index.chunks[ci].digest.split(":", 1)[1]
+            return ci not in elsewhere and not (tmp_path / "lazy-cache" / "chunks" / hexd[:2] / hexd).exists()
+
+        mnt = run.mount_for_container(ref)
+        ctr = run.start_restore(docker_client, app_image.tag, mnt.mountpoint, tiny_model_dir, free_port(),
+                                env={"COLDSTART_VERIFY": "off"}, extra=["--no-warm"], lazy=mnt)
+        assert _summary(ctr, 240)["restored"] is True
+        ctr.remove(force=True)
+        mnt.unmount()
+        runs, cur = [], []
+        for ci in e.chunks + [None]:
+            if ci is not None and unread(ci):
+                cur.append(ci)
+            elif cur:
+                runs.append(cur)
+                cur = []
+        longest = max(runs, key=len)
+        named = damage(index.chunks[longest[len(longest) // 2]])
+
+        port = free_port()
+        p = subprocess.run([sys.executable, "-m", "coldstart", "container", "restore", ref, "--model",
+                            str(tiny_model_dir), "--port", str(port), "--name", name, "--host", docker_host],
+                           capture_output=True, text=True, timeout=600, env=dict(os.environ))
+        assert p.returncode == 0, p.stderr[-3000:]
+        assert json.loads(p.stdout.strip().splitlines()[-1])["restored"] is True, p.stdout[-2000:]
+        at = next(ln for ln in p.stderr.splitlines() if ln.startswith("mounted ")).split(" at ")[1].split()[0]
+        daemon = next(q for q in psutil.process_iter(["cmdline"]) if at in (q.info["cmdline"] or []))
+        daemon.send_signal(signal.SIGUSR1)  # Mount.fetch_all: every chunk, now
+        named_ctr = docker_client.containers.get(name)
+        deadline = time.monotonic() + 600
+        while "(cold boot)" not in (logs := named_ctr.logs().decode(errors="replace")):
+            named_ctr.reload()
+            assert named_ctr.status == "running" and time.monotonic() < deadline, logs[-3000:]
+            time.sleep(0.5)
+        assert f"fallback: after READY: {named.format(e.path)}, and the restored server maps it" in logs, logs[-3000:]
+        assert _completion(port, str(tiny_model_dir))["choices"][0]["text"]  # the cold boot, same port
+        named_ctr.remove(force=True)
+
+        pst = next(x for x in index.entries if x.path == "criu/pstree.img")
+        named = damage(index.chunks[pst.chunks[0]])
+        monkeypatch.setenv("COLDSTART_LAZY_CACHE", str(tmp_path / "lazy-cache-2"))  # (the first has it)
+        mnt = run.mount_for_container(ref)
+        port = free_port()
+        ctr = run.start_restore(docker_client, app_image.tag, mnt.mountpoint, tiny_model_dir, port,
+                                env={"COLDSTART_VERIFY": "off"}, lazy=mnt)
+        summ = _summary(ctr, 240)
+        assert summ["restored"] is False and summ["fallback_reason"].startswith(
+            named.format("criu/pstree.img") + " ("), summ
+        assert _completion(port, str(tiny_model_dir))["choices"][0]["text"]  # the cold boot
+    finally:
+        for n in (name, ctr.name if ctr is not None else None):
+            _remove(docker_client, n)
+        if mnt is not None:
+            mnt.unmount()
+        run.gc_container_mounts(docker_client)
+        srv.stop()
+
+
 def test_a_hot_layout_checkpointed_in_a_container_restores_in_a_new_one(docker_client, app_image, tiny_model_dir,
                                                                          tmp_path):
     """The default layout, hot, restores the snapshot once inside the checkpoint container (its
@@ -337,9 +448,93 @@ def test_the_container_restore_command_prints_where_the_host_reaches_the_server(
         assert "CONTAINER_CREATE" in out["events"] and "CONTAINER_STARTED" in out["events"], out["events"]
         assert _completion(port, str(tiny_model_dir))["choices"][0]["text"]
     finally:
+        _remove(docker_client, name)
+
+
+def test_the_container_restore_command_restores_a_packed_image(docker_host, docker_client, app_image,
+                                                              container_snapshot, tiny_model_dir, tmp_path,
+                                                              monkeypatch):
+    """`coldstart container restore IMAGE`, the image from `coldstart snapshot pack` (the node's copy):
+    the host mounts it where `coldstart restore IMAGE` would (one mount per image under the node dir,
+    left for the next restore) and binds that mount into the container, which restores from it. A
+    file that is no image is one line naming it."""
+    import os
+    import subprocess
+    import sys
+
+    from coldstart.pipeline import nodeimage
+
+    monkeypatch.setenv("COLDSTART_NODE_DIR", str(tmp_path / "node"))
+    image = tmp_path / "tiny.erofs"
+    nodeimage.pack(container_snapshot, image, compressor="lz4")
+    port = free_port()
+    name = f"coldstart-test-image-{os.getpid()}"
+    try:
+        p = subprocess.run([sys.executable, "-m", "coldstart", "container", "restore", str(image), "--model",
+                            str(tiny_model_dir), "--port", str(port), "--name", name, "--host", docker_host],
+                           capture_output=True, text=True, timeout=600, env=dict(os.environ))
+        assert p.returncode == 0, p.stderr[-3000:]
+        assert json.loads(p.stdout.strip().splitlines()[-1])["restored"] is True, p.stdout[-2000:]
+        assert os.path.ismount(nodeimage.node_mount_point(image))
+        assert _completion(port, str(tiny_model_dir))["choices"][0]["text"]
+    finally:
+        _remove(docker_client, name)
+        if os.path.ismount(nodeimage.node_mount_point(image)):
+            nodeimage.unmount(image)
+    (tmp_path / "not-an-image").write_bytes(b"x" * 4096)
+    p = subprocess.run([sys.executable, "-m", "coldstart", "container", "restore", str(tmp_path / "not-an-image"),
+                        "--model", str(tiny_model_dir), "--port", str(free_port()), "--host", docker_host],
+                       capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    assert p.returncode != 0 and "Traceback" not in p.stderr
+    assert p.stderr.strip().splitlines()[-1] == (f"error: snapshot {tmp_path / 'not-an-image'} is a file but not an "
+                                                 "image written by `coldstart snapshot pack` (a snapshot is a "
+                                                 "directory)"), p.stderr[-2000:]
+
+
+def test_checkpoint_into_a_named_volume_and_restore_from_it(docker_host, docker_client, app_image, tiny_model_dir):
+    """`container checkpoint MODEL --out volume:NAME` writes the snapshot into a docker named volume
+    (docker creates it); `container restore volume:NAME` mounts that volume read-only and restores,
+    the host warming it where it sees the volume's data. A volume docker does not have is one line,
+    and none is created by asking."""
+    import os
+    import subprocess
+    import sys
+
+    vol, name = f"coldstart-test-vol-{os.getpid()}", f"coldstart-test-vol-{os.getpid()}"
+    missing = f"coldstart-test-no-vol-{os.getpid()}"
+    cli = [sys.executable, "-m", "coldstart", "container"]
+    try:
+        p = subprocess.run([*cli, "checkpoint", str(tiny_model_dir), "--out", f"volume:{vol}", "--layout", "dumped",
+                            "--host", docker_host], capture_output=True, text=True, timeout=900)
+        assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+        held = run.volume_snapshot(docker_client, vol)
+        assert held is not None and (held / "manifest.json").is_file()
+        assert f"snapshot: volume:{vol} (on this host: {held})" in p.stdout, p.stdout[-2000:]
+        p = subprocess.run([*cli, "checkpoint", str(tiny_model_dir), "--out", f"volume:{vol}", "--host", docker_host],
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode != 0 and p.stderr.strip().splitlines()[-1].startswith(
+            f"error: volume {vol} already holds a snapshot"), p.stderr[-2000:]
+        port = free_port()
+        p = subprocess.run([*cli, "restore", f"volume:{vol}", "--model", str(tiny_model_dir), "--port", str(port),
+                            "--name", name, "--host", docker_host], capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stderr[-3000:]
+        out = json.loads(p.stdout.strip().splitlines()[-1])
+        assert out["restored"] is True and out["canary_ok"] is True, out
+        mounts = docker_client.containers.get(name).attrs["Mounts"]
+        assert any(m["Type"] == "volume" and m["Name"] == vol and m["Destination"] == "/snapshot" and not m["RW"]
+                   for m in mounts), mounts
+        assert _completion(port, str(tiny_model_dir))["choices"][0]["text"]
+        p = subprocess.run([*cli, "restore", f"volume:{missing}", "--model", str(tiny_model_dir), "--port",
+                            str(free_port()), "--host", docker_host], capture_output=True, text=True, timeout=300)
+        assert p.returncode != 0 and "Traceback" not in p.stderr
+        assert p.stderr.strip().splitlines()[-1].startswith(f"error: docker has no volume {missing} "), p.stderr[-2000:]
+        assert not run.volume_snapshot(docker_client, missing) and missing not in [
+            v.name for v in docker_client.volumes.list()]
+    finally:
+        _remove(docker_client, name)
         try:
-            docker_client.containers.get(name).remove(force=True)
-        except Exception:  # noqa: BLE001 - the command failed before it created the container
+            docker_client.volumes.get(vol).remove(force=True)
+        except Exception:  # noqa: BLE001 - never made
             pass
 
 
@@ -426,10 +621,7 @@ def test_a_lazy_mount_made_for_a_container_goes_once_the_container_is_removed(do
         assert run.gc_container_mounts(docker_client) == mnts
         assert not mnts[0].exists() and not list((tmp_path / "state" / "mounts").iterdir())
     finally:
-        try:
-            docker_client.containers.get(name).remove(force=True)
-        except Exception:  # noqa: BLE001 - removed above, or never made
-            pass
+        _remove(docker_client, name)
         for m in (tmp_path / "state" / "mounts").glob("*"):
             if os.path.ismount(m):
                 subprocess.run(["fusermount3", "-u", "-z", str(m)])

@@ -48,7 +48,8 @@ def info_command(host: Optional[str] = typer.Option(None, "--host", help=HOST_HE
 @container_app.command("checkpoint")
 def checkpoint_command(
     model: Path = typer.Argument(..., help="model directory (mounted read-only at its own path)"),
-    out: Path = typer.Option(..., "--out", help="snapshot directory to create on the host"),
+    out: str = typer.Option(..., "--out", help="snapshot directory to create on the host, or volume:NAME: a docker "
+                            "named volume (created if missing) that will hold it"),
     layout: Optional[str] = typer.Option(None, show_default="hot", help="the images' layout, as `coldstart checkpoint "
                                          "--layout`: hot (the pages a restore touches before its first token stored "
                                          "together) | dumped"),
@@ -76,7 +77,9 @@ def checkpoint_command(
     typer.echo(res.logs.rstrip())
     if res.exit_code != 0:
         raise ColdstartError(f"checkpoint container exited with {res.exit_code}")
-    typer.echo(f"snapshot: {res.snapshot} ({res.seconds:.0f} s, from the container's create call; "
+    where = str(res.snapshot) if not res.volume else (
+        f"{run.VOLUME_PREFIX}{res.volume}" + (f" (on this host: {res.snapshot})" if res.snapshot else ""))
+    typer.echo(f"snapshot: {where} ({res.seconds:.0f} s, from the container's create call; "
                f"the container's capabilities: {', '.join(res.caps)})")
 
 
@@ -101,9 +104,11 @@ def _serve_container(ctr, port: int, t0: float, warmer=None, created_s: float | 
 
 @container_app.command("restore")
 def restore_command(
-    snapshot: str = typer.Argument(..., help="snapshot directory on the host (mounted read-only), or a registry "
-                                   "reference: mounted lazily on the host (`coldstart mount`) and that mount "
-                                   "bound into the container read-only"),
+    snapshot: str = typer.Argument(..., help="snapshot directory on the host (mounted read-only), an image of one "
+                                   "(`coldstart snapshot pack`: mounted on the host as `coldstart restore IMAGE` "
+                                   "does), a registry reference: mounted lazily on the host (`coldstart "
+                                   "mount`), a mount bound into the container read-only; or volume:NAME, the "
+                                   "docker named volume `container checkpoint --out volume:NAME` wrote"),
     model: Path = typer.Option(..., "--model", help="the model directory the snapshot was taken from"),
     port: int = typer.Option(8000, "--port", help="host port (127.0.0.1) published to the container's 8000"),
     name: Optional[str] = typer.Option(None, "--name", help="container name"),
@@ -121,17 +126,28 @@ def restore_command(
 
     hf_model_dir(model)  # before the image build: one line, not minutes then a traceback
     check_listen("127.0.0.1", port)  # docker would refuse only at the start call, the container made
-    ref = as_reference(snapshot)
-    if not ref:
+    vol = run.volume_name(snapshot)
+    ref = None if vol else as_reference(snapshot)
+    if not (ref or vol):
         run.host_snapshot(Path(snapshot))
     c = docker_api.client(host)
     img = image.app_image(c, Path(__file__).resolve().parents[3], say=lambda m: typer.echo(m, err=True))
     layers = docker_api.image_layers(c, img.tag)
     if ref:
         run.gc_container_mounts(c)  # (before the clock: not part of this start)
+    if vol:
+        run.require_volume(c, vol)
     t0, wall0 = time.monotonic(), time.time()
     env = {"COLDSTART_T0": repr(wall0)}
     snap, m = Path(snapshot), None
+    if vol:  # the host warms it where it sees the volume's data (a local volume), else not at all
+        snap = run.volume_snapshot(c, vol) or snapshot
+        if not isinstance(snap, Path) and host_warm:
+            typer.echo(f"volume {vol}: its data is not on this host's file system (another driver, or mount "
+                       "options): no host warming", err=True)
+            host_warm = False
+    elif not ref and snap.is_file():  # (inside the clock: `coldstart restore IMAGE` mounts inside its own)
+        snap = run.image_mount(snap)
     if ref:
         m = run.mount_for_container(ref)
         snap = m.mountpoint
@@ -141,7 +157,8 @@ def restore_command(
                    f"the container is removed, or by `coldstart umount {snap}`)", err=True)
     warmer = run.host_warm(snap, layers) if host_warm else None
     try:
-        ctr = run.create_restore(c, img.tag, snap, model, port, name=name, env=env, host_warms=host_warm)
+        ctr = run.create_restore(c, img.tag, snapshot if vol else snap, model, port, name=name, env=env,
+                                 host_warms=host_warm, lazy=m)
         created_s = time.monotonic() - t0
         if m is not None:
             run.own_mount(m, ctr)

@@ -234,3 +234,30 @@ def layer_remap(layers: list[Path]):
         return got
 
     return remap
+
+
+def volume_path(c, name: str) -> Path | None:
+    """Where this host sees the data of docker volume ``name``: the local driver's directory, for a
+    volume with no mount options (an NFS or other device volume is mounted only while a container
+    uses it), when it exists here. None for another driver, a daemon on another machine, or no such
+    volume (``volume_exists`` tells those apart)."""
+    import docker
+
+    try:
+        attrs = c.volumes.get(name).attrs
+    except (docker.errors.NotFound, docker.errors.APIError):
+        return None
+    mp = Path(attrs.get("Mountpoint") or "/nonexistent")
+    if attrs.get("Driver") != "local" or attrs.get("Options") or not mp.is_dir():
+        return None
+    return mp
+
+
+def volume_exists(c, name: str) -> bool:
+    import docker
+
+    try:
+        c.volumes.get(name)
+        return True
+    except docker.errors.NotFound:
+        return False

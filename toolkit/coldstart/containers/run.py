@@ -62,6 +62,9 @@ CHECKPOINT_SECURITY: dict[str, Any] = {"cap_drop": ["ALL"], "cap_add": CHECKPOIN
                                        "security_opt": ["seccomp=unconfined"]}
 STATE_TMPFS = {"/run/coldstart": "rw,exec,size=4g"}  # per-replica state: overlay upper dirs need a non-overlay fs
 NODE_MOUNT = "/var/lib/coldstart-node"  # the host's node dir inside a restore container (COLDSTART_NODE_DIR)
+LAZY_MOUNT = "/var/lib/coldstart-lazy"  # the host's lazy mount's daemon log and index, inside (create_restore)
+VOLUME_PREFIX = "volume:"  # a snapshot in a docker named volume: volume:NAME (checkpoint --out, restore)
+VOLUME_SNAPSHOT = "snapshot"  # ... in this directory of the volume (published there by a rename)
 SHM_SIZE = "1g"  # vLLM's shared-memory buffers need more than docker's 64 MiB default
 
 
@@ -70,8 +73,39 @@ class CheckpointRun:
     exit_code: int
     logs: str
     seconds: float
-    snapshot: Path
+    snapshot: Path | None  # on the host (None: in a volume whose data this host cannot see)
     caps: list[str]  # what the checkpoint's container was granted
+    volume: str | None = None  # the named volume that holds it (in VOLUME_SNAPSHOT)
+
+
+def volume_name(arg: str | Path) -> str | None:
+    """NAME for ``volume:NAME`` (a docker named volume), None for anything else (a host path)."""
+    import re
+
+    s = str(arg)
+    if not s.startswith(VOLUME_PREFIX):
+        return None
+    name = s[len(VOLUME_PREFIX):]
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]+", name):
+        raise ColdstartError(f"{s}: a docker volume's name is [A-Za-z0-9][A-Za-z0-9_.-]+")
+    return name
+
+
+def require_volume(c, name: str) -> None:
+    """One line where docker has no volume ``name`` (a create call would make it, empty)."""
+    from coldstart.containers import docker_api
+
+    if not docker_api.volume_exists(c, name):
+        raise ColdstartError(f"docker has no volume {name} (`coldstart container checkpoint MODEL --out "
+                             f"{VOLUME_PREFIX}{name}` makes one)")
+
+
+def volume_snapshot(c, name: str) -> Path | None:
+    """Where this host sees the snapshot in volume ``name`` (docker_api.volume_path), or None."""
+    from coldstart.containers import docker_api
+
+    held = docker_api.volume_path(c, name)
+    return held / VOLUME_SNAPSHOT if held is not None else None
 
 
 def checkpoint_security(extra: list[str] | None = None) -> dict[str, Any]:
@@ -91,60 +125,96 @@ def security_without(cap: str) -> dict[str, Any]:
 
 
 def host_snapshot(snapshot: Path) -> Path:
-    """``snapshot`` resolved, checked to be a directory on the host before a container mounts it
-    (models: hf_model_dir): docker creates a missing bind-mount source as an empty root-owned
-    directory. What is in it is the restore's to check, and a broken one falls back inside the
-    container."""
+    """``snapshot`` resolved, checked to be a directory on the host (or an image of one from `coldstart
+    snapshot pack`: ``image_mount``) before a container mounts it (models: hf_model_dir): docker
+    creates a missing bind-mount source as an empty root-owned directory. What is in it is the
+    restore's to check, and a broken one falls back inside the container."""
+    from coldstart.pipeline.nodeimage import is_image
+
     snapshot = Path(snapshot).resolve()
-    if not snapshot.is_dir():
+    if snapshot.is_file() and not is_image(snapshot):
+        raise ColdstartError(f"snapshot {snapshot} is a file but not an image written by `coldstart snapshot "
+                             "pack` (a snapshot is a directory)")
+    if not (snapshot.is_dir() or snapshot.is_file()):
         raise ColdstartError(f"snapshot {snapshot}: no such directory on this host")
     return snapshot
 
 
-def checkpoint(c, image: str, model: Path, out: Path, *, extra: list[str] | None = None) -> CheckpointRun:
+def image_mount(image: Path) -> Path:
+    """The host's read-only mount of a packed snapshot image, made if missing: the one `coldstart
+    restore IMAGE` uses (pipeline.nodeimage.mounted: one per image under the node dir, shared by every
+    restore of it, host or container, and left mounted), bound into the container like a directory."""
+    from coldstart.pipeline.nodeimage import mounted
+
+    return mounted(Path(image).resolve())
+
+
+def checkpoint(c, image: str, model: Path, out: Path | str, *, extra: list[str] | None = None) -> CheckpointRun:
     """``coldstart checkpoint`` inside a container: the model mounted read-only at its own path,
-    ``out``'s parent mounted read-write at /out (the snapshot is published there by a rename), the
-    restore's state tmpfs as in a restore container (``--layout hot`` restores the snapshot once);
-    the least capabilities for the layout asked for (checkpoint_security)."""
+    ``out``'s parent mounted read-write at /out (the snapshot is published there by a rename), or
+    for ``out`` = volume:NAME that named volume (created by docker if missing; the snapshot in its
+    VOLUME_SNAPSHOT directory), the restore's state tmpfs as in a restore container (``--layout
+    hot`` restores the snapshot once); the least capabilities for the layout asked for
+    (checkpoint_security)."""
     from coldstart.containers import docker_api
 
-    model, out = hf_model_dir(model), Path(out).resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    cmd = ["checkpoint", str(model), "--out", f"/out/{out.name}", "--port", str(CONTAINER_PORT),
+    model, vol = hf_model_dir(model), volume_name(out)
+    if vol:
+        held = volume_snapshot(c, vol)
+        if held is not None and held.exists():
+            raise ColdstartError(f"volume {vol} already holds a snapshot: remove the volume "
+                                 f"(docker volume rm {vol}) or choose another name")
+        target, inside = {vol: {"bind": "/out", "mode": "rw"}}, f"/out/{VOLUME_SNAPSHOT}"
+    else:
+        out = Path(out).resolve()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        target, inside = {str(out.parent): {"bind": "/out", "mode": "rw"}}, f"/out/{out.name}"
+    cmd = ["checkpoint", str(model), "--out", inside, "--port", str(CONTAINER_PORT),
            "--listen", "0.0.0.0", "--server-caps", "none", *(extra or [])]
     security = checkpoint_security(extra)
     t0 = time.monotonic()
     ctr = c.containers.run(image, cmd, entrypoint=["coldstart"], detach=True, shm_size=SHM_SIZE,
                            network=docker_api.ensure_network(c), tmpfs=STATE_TMPFS,
-                           volumes={str(model): {"bind": str(model), "mode": "ro"},
-                                    str(out.parent): {"bind": "/out", "mode": "rw"}},
+                           volumes={str(model): {"bind": str(model), "mode": "ro"}, **target},
                            environment={"TMPDIR": "/out"}, runtime=docker_api.oci_runtime(c), **security)
     try:
         res = ctr.wait(timeout=900)
         logs = ctr.logs(stdout=True, stderr=True).decode(errors="replace")
     finally:
         ctr.remove(force=True)
-    return CheckpointRun(int(res.get("StatusCode", -1)), logs, time.monotonic() - t0, out, security["cap_add"])
+    snapshot = volume_snapshot(c, vol) if vol else out
+    return CheckpointRun(int(res.get("StatusCode", -1)), logs, time.monotonic() - t0, snapshot, security["cap_add"], vol)
 
 
-def create_restore(c, image: str, snapshot: Path, model: Path, host_port: int, *, name: str | None = None,
+def create_restore(c, image: str, snapshot: Path | str, model: Path, host_port: int, *, name: str | None = None,
                    extra: list[str] | None = None, security: dict[str, Any] | None = None,
                    env: dict[str, str] | None = None, node: Path | None | bool = True,
-                   host_warms: bool = False, entrypoint: list[str] | None = None):
-    """A created (not started) container whose entrypoint restores ``snapshot`` (mounted read-only at
-    /snapshot), with a tmpfs for its per-replica state and its port published on 127.0.0.1:``host_port``.
+                   host_warms: bool = False, entrypoint: list[str] | None = None, lazy=None):
+    """A created (not started) container whose entrypoint restores ``snapshot`` (a directory, or a packed
+    image: ``image_mount``; bound read-only at /snapshot; or volume:NAME, a named volume holding one:
+    ``checkpoint``), with a tmpfs for its per-replica state and its port published on 127.0.0.1:``host_port``.
     ``node``: the host's node dir (True: this host's ``state.node_dir()``; False/None: none) mounted
     read-write at NODE_MOUNT, so that replicas share verification records and the access profile
     (without it every container re-hashes the whole snapshot and records its profile again).
     ``host_warms``: the caller warms the snapshot from the host (``host_warm``), so the entrypoint
     leaves the profile's ranges to it (pipeline.restore.HOST_WARMS_ENV; an ``env`` that sets it wins).
     ``entrypoint``: another program (its argv) in the same container, e.g. the benchmark's probe of the
-    entrypoint's own start. Creating and starting are separate so that the caller can time each (and
-    warm in between)."""
+    entrypoint's own start. ``lazy``: ``snapshot`` is this lazy mount of the host's (registry.mount.Mount):
+    its daemon's log and index are bound read-only, so that the entrypoint names a chunk the registry
+    serves damaged and, found after READY, replaces the restored server by a cold boot, as on a host.
+    Creating and starting are separate so that the caller can time each (and warm in between)."""
     from coldstart.containers import docker_api
 
-    snapshot, model = host_snapshot(snapshot), hf_model_dir(model)
-    volumes = {str(snapshot): {"bind": "/snapshot", "mode": "ro"}, str(model): {"bind": str(model), "mode": "ro"}}
+    vol, model = volume_name(snapshot), hf_model_dir(model)
+    if vol:
+        require_volume(c, vol)
+        source, arg0 = vol, f"/snapshot/{VOLUME_SNAPSHOT}"
+    else:
+        snapshot = host_snapshot(snapshot)
+        if snapshot.is_file():
+            snapshot = image_mount(snapshot)
+        source, arg0 = str(snapshot), "/snapshot"
+    volumes = {source: {"bind": "/snapshot", "mode": "ro"}, str(model): {"bind": str(model), "mode": "ro"}}
     env = dict(env or {})
     if host_warms:
         env.setdefault(HOST_WARMS_ENV, "1")
@@ -153,7 +223,15 @@ def create_restore(c, image: str, snapshot: Path, model: Path, host_port: int, *
         host_node.mkdir(parents=True, exist_ok=True)
         volumes[str(host_node.resolve())] = {"bind": NODE_MOUNT, "mode": "rw"}
         env["COLDSTART_NODE_DIR"] = NODE_MOUNT
-    argv = ["/snapshot", *(extra or [])] if entrypoint is None else entrypoint[1:]
+    if lazy is not None:
+        from coldstart.registry.mount import INDEX_ENV, LOG_ENV, REF_ENV
+
+        for host, inside, var in ((lazy.damage.log, f"{LAZY_MOUNT}/daemon.log", LOG_ENV),
+                                  (lazy.damage.index, f"{LAZY_MOUNT}/index.json", INDEX_ENV)):
+            volumes[str(host)] = {"bind": inside, "mode": "ro"}
+            env[var] = inside
+        env[REF_ENV] = lazy.damage.name
+    argv = [arg0, *(extra or [])] if entrypoint is None else entrypoint[1:]
     kw = {} if entrypoint is None else {"entrypoint": entrypoint[:1]}
     return _create(c, image, argv, name=name, shm_size=SHM_SIZE, **kw,
                    network=docker_api.ensure_network(c), tmpfs=STATE_TMPFS,

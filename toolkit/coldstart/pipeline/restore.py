@@ -42,6 +42,7 @@ from coldstart.pipeline.events import EventName, Timeline
 from coldstart.pipeline.manifest import Manifest, read_manifest, validate_against_host
 from coldstart.pipeline.netns import Forwarder, wrap_argv
 from coldstart.pipeline.snapshots import gc_restore_dirs, write_owner
+from coldstart.registry.mount import damage_log_from_env
 from coldstart.state import restores_dir, state_dir
 
 
@@ -117,6 +118,7 @@ class RestoreResult:
     state: "RestoreState | None" = None  # this restore's writable directory (removed at stop)
     mount: object | None = None  # registry.mount.Mount when restored from a registry reference
     runtime: Runtime | None = None  # the runtime the server runs from, when the restore provided it
+    lazy_log: object | None = None  # registry.mount.DamageLog of a lazy mount made outside (a container's host)
 
     def client(self, timeout: float = 120.0):
         """An EngineClient for the server at ``base_url``, with its control token (none for a cold boot,
@@ -156,18 +158,19 @@ class RestoreResult:
         snapshot or runtime that the registry serves damaged (registry.mount.Mount.corrupt_chunks; the
         daemon finds the rest of the chunks after READY, in the background). The server maps the
         files holding it and will take SIGBUS, or hang inside a request, when it reads it."""
-        why = damaged_chunk(self.mount, self.runtime.mount if self.runtime is not None else None)
+        why = damaged_chunk(self.mount, self.runtime.mount if self.runtime is not None else None, self.lazy_log)
         return f"{why}, and the restored server maps it" if why else None
 
 
-def damaged_chunk(*mounts) -> str | None:
-    """The first chunk of these lazy mounts (registry.mount.Mount, or None) that the registry serves
-    damaged, named with its file and reference, or None."""
-    for mnt in mounts:
-        bad = mnt.corrupt_chunks() if mnt is not None else {}
+def damaged_chunk(*sources) -> str | None:
+    """The first chunk that the registry serves damaged, named with its file and reference, or None;
+    per lazy mount (registry.mount.Mount) or daemon log (its DamageLog); None entries are skipped."""
+    for src in sources:
+        log = getattr(src, "damage", src)  # a Mount's DamageLog
+        bad = log.corrupt_chunks() if log is not None else {}
         if bad:
             digest, paths = next(iter(bad.items()))
-            where = f"{', '.join(paths) or 'a file'} of {mnt.ref or mnt.mountpoint}"
+            where = f"{', '.join(paths) or 'a file'} of {log.name}"
             more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
             return f"chunk {digest[:19]} of {where} failed its digest twice{more}: the registry serves it damaged"
     return None
@@ -179,6 +182,7 @@ def restore(opts: RestoreOptions, say: Callable[[str], None] = print) -> Restore
     tl = Timeline.from_container_start("restore", snapshot=opts.ref or snap.name)
     m: Manifest | None = None
     mnt = rt = None
+    outer = damage_log_from_env()  # a restore container's snapshot, mounted lazily by its host
     try:
         if opts.ref:
             mnt = _mount(opts.ref, snap, tl, say)
@@ -192,7 +196,7 @@ def restore(opts: RestoreOptions, say: Callable[[str], None] = print) -> Restore
             rt = _runtime(opts.runtime, m, tl, say)
         try:
             res = _restore(snap, m, opts, tl, say, rt, mnt)
-            res.mount, res.runtime = mnt, rt
+            res.mount, res.runtime, res.lazy_log = mnt, rt, outer
             return res
         except RestoreFailed as e:
             # The dumped loopback TCP connections (gloo) come back with their exact 4-tuples; right
@@ -203,14 +207,14 @@ def restore(opts: RestoreOptions, say: Callable[[str], None] = print) -> Restore
             say(f"restore in the host network failed ({str(e)[:120]}...); retrying in a private one")
             tl.mark("RESTORE_RETRY", reason="host network busy: retrying with --net private")
             res = _restore(snap, m, RestoreOptions(**{**opts.__dict__, "net": "private"}), tl, say, rt, mnt)
-            res.mount, res.runtime = mnt, rt
+            res.mount, res.runtime, res.lazy_log = mnt, rt, outer
             return res
     except Exception as e:  # the entrypoint's promise: whatever went wrong, still serve (cold)
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         if not isinstance(e, (ColdstartError, OSError, subprocess.SubprocessError, TimeoutError)):
             reason = f"{type(e).__name__}: {reason}"  # unexpected: name the exception type too
         # a chunk the registry serves damaged is the cause; what CRIU or the server said of its EIO, the symptom
-        bad = damaged_chunk(mnt, rt.mount if rt is not None else None)
+        bad = damaged_chunk(mnt, rt.mount if rt is not None else None, outer)
         if bad:
             reason = f"{bad} ({reason[:200]})"
         if mnt is not None:

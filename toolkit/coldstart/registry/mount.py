@@ -49,6 +49,66 @@ def daemon_binary() -> str:
     return exe
 
 
+# a restore container's view of the host's lazy mount of its snapshot (containers.run.create_restore):
+# the daemon's log and the index, bound read-only, so that its entrypoint sees damage the daemon finds
+LOG_ENV, INDEX_ENV, REF_ENV = "COLDSTART_LAZY_LOG", "COLDSTART_LAZY_INDEX", "COLDSTART_LAZY_REF"
+
+
+@dataclass
+class DamageLog:
+    """The chunks a daemon found damaged in the registry, read from its log: each failed its BLAKE3
+    digest twice, so every read of it is EIO and a restored process mapping it takes SIGBUS."""
+    log: Path
+    index: Path  # the mount's index (the node cache's copy): which files hold a chunk
+    name: str  # the reference (or the mount point) the messages name
+    _seen: int = field(default=0, repr=False)  # bytes of the log read so far
+    _corrupt: list = field(default_factory=list, repr=False)  # damaged chunk digests, in the order logged
+
+    def corrupt_chunks(self) -> dict[str, list[str]]:
+        """Chunk digest -> the paths in the tree that hold it, for every damaged chunk logged so far.
+        Reads only what the daemon logged since the last call."""
+        try:
+            with open(self.log, "rb") as f:
+                f.seek(self._seen)
+                new = f.read()
+        except OSError:
+            return self._files(self._corrupt)
+        new = new[:new.rfind(b"\n") + 1]  # a line still being written: next time
+        self._seen += len(new)
+        for m in _CORRUPT_LINE.finditer(new.decode(errors="replace")):
+            if m.group(1) not in self._corrupt:
+                self._corrupt.append(m.group(1))
+        return self._files(self._corrupt)
+
+    def _files(self, digests) -> dict[str, list[str]]:
+        if not digests:
+            return {}
+        try:
+            idx = json.loads(Path(self.index).read_text())
+            by_chunk = {i: c.get("digest") for i, c in enumerate(idx.get("chunks", []))}
+            paths: dict[str, list[str]] = {d: [] for d in digests}
+            for e in idx.get("entries", []):
+                for ci in e.get("chunks") or []:
+                    if by_chunk.get(ci) in paths and e["path"] not in paths[by_chunk[ci]]:
+                        paths[by_chunk[ci]].append(e["path"])
+            return paths
+        except (OSError, ValueError, KeyError, TypeError):
+            return {d: [] for d in digests}
+
+
+def damage_log_from_env() -> DamageLog | None:
+    """Inside a restore container whose snapshot is the host's lazy mount: that daemon's DamageLog."""
+    log, index = os.environ.get(LOG_ENV), os.environ.get(INDEX_ENV)
+    if not (log and index):
+        return None
+    return DamageLog(Path(log), Path(index), os.environ.get(REF_ENV) or "the snapshot")
+
+
+def index_path(manifest_digest: str) -> Path:
+    """The node cache's copy of the index of the artifact with this manifest digest."""
+    return cache_dir() / "indexes" / f"{manifest_digest.split(':', 1)[1]}.json"
+
+
 @dataclass
 class Mount:
     mountpoint: Path
@@ -61,40 +121,18 @@ class Mount:
     prefix: str = ""  # a runtime: the path its server was checkpointed with it at
     prefetch: str = "all"  # what the daemon prefetches by itself (PREFETCH)
     ref: str = ""
-    _log_seen: int = field(default=0, repr=False)  # corrupt_chunks: bytes of the log read so far
-    _corrupt: list = field(default_factory=list, repr=False)  # damaged chunk digests, in the order logged
+    _damage: DamageLog | None = field(default=None, repr=False)
+
+    @property
+    def damage(self) -> DamageLog:
+        """The daemon's log, read for chunks the registry serves damaged."""
+        if self._damage is None:
+            self._damage = DamageLog(self.log, index_path(self.manifest_digest), self.ref or str(self.mountpoint))
+        return self._damage
 
     def corrupt_chunks(self) -> dict[str, list[str]]:
-        """The chunks the daemon found damaged in the registry so far (each failed its BLAKE3 digest
-        twice: every read of it is EIO, a restored process mapping it takes SIGBUS), as chunk digest
-        -> the paths in the tree that hold it. Reads only what the daemon logged since the last call."""
-        try:
-            with open(self.log, "rb") as f:
-                f.seek(self._log_seen)
-                new = f.read()
-        except OSError:
-            return self._files(self._corrupt)
-        new = new[:new.rfind(b"\n") + 1]  # a line still being written: next time
-        self._log_seen += len(new)
-        for m in _CORRUPT_LINE.finditer(new.decode(errors="replace")):
-            if m.group(1) not in self._corrupt:
-                self._corrupt.append(m.group(1))
-        return self._files(self._corrupt)
-
-    def _files(self, digests) -> dict[str, list[str]]:
-        if not digests:
-            return {}
-        try:
-            idx = json.loads((cache_dir() / "indexes" / f"{self.manifest_digest.split(':', 1)[1]}.json").read_text())
-            by_chunk = {i: c.get("digest") for i, c in enumerate(idx.get("chunks", []))}
-            paths: dict[str, list[str]] = {d: [] for d in digests}
-            for e in idx.get("entries", []):
-                for ci in e.get("chunks") or []:
-                    if by_chunk.get(ci) in paths and e["path"] not in paths[by_chunk[ci]]:
-                        paths[by_chunk[ci]].append(e["path"])
-            return paths
-        except (OSError, ValueError, KeyError, TypeError):
-            return {d: [] for d in digests}
+        """The chunks the daemon found damaged in the registry so far (DamageLog.corrupt_chunks)."""
+        return self.damage.corrupt_chunks()
 
     def fetch_all(self) -> bool:
         """Have the daemon prefetch every chunk it has not fetched (SIGUSR1), in the background: once
@@ -187,7 +225,7 @@ def mount(ref: str, mountpoint: Path, *, prefetch: bool | str | None = None, thr
     kind, prefix = str(head.get("kind", "")), str(head.get("prefix", ""))
     cache = cache_dir()
     (cache / "indexes").mkdir(parents=True, exist_ok=True)
-    idx = cache / "indexes" / f"{mdigest.split(':', 1)[1]}.json"
+    idx = index_path(mdigest)
     if not idx.exists():
         write_atomic(idx, raw)
     mountpoint = Path(mountpoint)
