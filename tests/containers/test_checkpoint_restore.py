@@ -568,8 +568,8 @@ def test_a_taken_name_is_one_line_and_the_lazy_mount_goes(docker_host, docker_cl
 
     srv = server.start(tmp_path / "registry", free_port())
     name = f"coldstart-test-taken-{os.getpid()}"
-    taken = docker_client.containers.create(app_image.tag, ["true"], name=name, entrypoint=["true"])
     try:
+        docker_client.containers.create(app_image.tag, ["true"], name=name, entrypoint=["true"])
         ref = f"{srv.host}/snapshots/container-taken:v1"
         artifact.push(container_snapshot, ref)
         env = {**os.environ, "COLDSTART_LAZY_CACHE": str(tmp_path / "lazy-cache"),
@@ -584,7 +584,7 @@ def test_a_taken_name_is_one_line_and_the_lazy_mount_goes(docker_host, docker_cl
         mounts = tmp_path / "state" / "mounts"
         assert not mounts.exists() or not any(os.path.ismount(m) for m in mounts.iterdir()), list(mounts.iterdir())
     finally:
-        taken.remove(force=True)
+        _remove(docker_client, name)
         srv.stop()
 
 
