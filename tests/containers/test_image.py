@@ -117,3 +117,28 @@ def test_a_server_that_dies_in_its_container_says_why_in_one_line(docker_client,
         assert "Unrecognized model" in msg and "model_type" in msg, msg
     finally:
         ctr.remove(force=True)
+
+
+def test_other_images_go_but_the_most_recently_tagged_stay(docker_client, tmp_path):
+    """remove_other_tags keeps the image asked for and the ``keep_recent`` most recently tagged others
+    (app images of other checkouts' trees, which their tests may still be using); the rest go."""
+    import time
+
+    repo = "coldstart-test-tags"
+    made = []
+    for i in range(4):  # four distinct tiny images, tagged one after the other
+        (tmp_path / "Dockerfile").write_text(f"FROM scratch\nLABEL which={i}\n")
+        docker_api.build(docker_client, tmp_path, f"{repo}:t{i}")
+        made.append(f"{repo}:t{i}")
+        time.sleep(1.1)  # (LastTagTime: a second apart)
+    try:
+        gone = docker_api.remove_other_tags(docker_client, repo, keep=made[0], keep_recent=2)
+        assert gone == [made[1]], gone
+        left = sorted(t for img in docker_client.images.list(name=repo) for t in img.tags)
+        assert left == [made[0], made[2], made[3]], left
+    finally:
+        for t in made:
+            try:
+                docker_client.images.remove(t)
+            except Exception:  # noqa: BLE001 - removed by the test
+                pass

@@ -126,15 +126,18 @@ def image_id(c, tag: str) -> str | None:
         return None
 
 
-def remove_other_tags(c, repository: str, keep: str) -> list[str]:
-    """Remove every ``repository:*`` image but ``keep`` (each runtime image is a separate 7 GB import:
-    old ones filled this machine's disk). Images a container still uses are left alone."""
+def remove_other_tags(c, repository: str, keep: str, keep_recent: int = 0) -> list[str]:
+    """Remove every ``repository:*`` image but ``keep`` and the ``keep_recent`` most recently tagged
+    others (each runtime image is a separate 7 GB import: old ones filled this machine's disk).
+    Images a container still uses are left alone."""
     import docker
 
     gone = []
-    for img in c.images.list(name=repository):
+    others = [img for img in c.images.list(name=repository) if keep not in img.tags]
+    others.sort(key=lambda img: (img.attrs.get("Metadata") or {}).get("LastTagTime") or "", reverse=True)
+    for img in others[keep_recent:]:
         tags = [t for t in img.tags if t.split(":", 1)[0] == repository]
-        if keep in img.tags or not tags:
+        if not tags:
             continue
         for t in tags:
             try:

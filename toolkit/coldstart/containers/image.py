@@ -173,6 +173,7 @@ def _tree_hash(root: Path) -> str:
     return h.hexdigest()[:16]
 
 
+APP_IMAGES_KEPT = 4  # app images of different trees kept on the machine (app_image)
 
 
 def app_image(c, repo_root: Path, say: Say = print, inputs: RuntimeInputs | None = None) -> ImageInfo:
@@ -197,5 +198,7 @@ def app_image(c, repo_root: Path, say: Say = print, inputs: RuntimeInputs | None
         (Path(ctx) / "Dockerfile").write_text(dockerfile.replace("{runtime}", rt.tag).replace("{site}", str(site)))
         say(f"building {tag} on {rt.tag}")
         iid = docker_api.build(c, Path(ctx), tag)
-    docker_api.remove_other_tags(c, "coldstart", keep=tag)  # one app image per machine: the current code
+    # an app image is the runtime's layers and a few MB of ours: a few are kept, so that a checkout
+    # building its own (a developer's beside a CI run) does not remove the image the other is using
+    docker_api.remove_other_tags(c, "coldstart", keep=tag, keep_recent=APP_IMAGES_KEPT - 1)
     return ImageInfo(tag, iid, False, time.monotonic() - t0)
