@@ -16,6 +16,8 @@ from coldstart.engine.launcher import free_port
     (["container", "restore", "{tmp}", "--model", "{missing}", "--port", "{port}"], "model {missing} not found"),
     (["container", "run-cold", "{missing}", "--port", "{port}"], "model {missing} not found"),
     (["container", "checkpoint", "{missing}", "--out", "{tmp}/snap"], "model {missing} not found"),
+    (["container", "restore", "{tmp}", "--model", "{model}", "--port", "{port}", "--verify", "some"],
+     "--verify 'some': not one of auto, full, off"),
 ])
 def test_a_missing_path_is_one_line_and_creates_nothing(tmp_path, args, says):
     model = tmp_path / "model"

@@ -593,12 +593,17 @@ def test_a_lazy_mount_made_for_a_container_goes_once_the_container_is_removed(do
                                                                               tmp_path, monkeypatch):
     """`coldstart container restore REF` returns while its container serves from the host's lazy mount;
     the mount stays while the container exists, and the next one's clean-up (gc_container_mounts)
-    unmounts it once the container is removed."""
+    unmounts it once the container is removed. As on a host, the mount's daemon prefetches only the
+    profiled chunks, and is asked for the rest once the container serves restored: every chunk of the
+    artifact then reaches the node's chunk cache."""
     import os
     import subprocess
     import sys
 
+    import psutil
+
     from coldstart.registry import artifact, server
+    from coldstart.registry.distribution import Ref, Registry
 
     srv = server.start(tmp_path / "registry", free_port())
     name = f"coldstart-test-mount-gc-{os.getpid()}"
@@ -612,9 +617,20 @@ def test_a_lazy_mount_made_for_a_container_goes_once_the_container_is_removed(do
                             str(tiny_model_dir), "--port", str(port), "--name", name, "--host", docker_host],
                            capture_output=True, text=True, timeout=600, env=dict(os.environ))
         assert p.returncode == 0, p.stderr[-3000:]
-        assert json.loads(p.stdout.strip().splitlines()[-1])["restored"] is True
+        summary = json.loads(p.stdout.strip().splitlines()[-1])
+        assert summary["restored"] is True and summary["snapshot_fetch_all"] is True, summary
         mnts = [m for m in (tmp_path / "state" / "mounts").iterdir() if m.is_dir()]
         assert len(mnts) == 1 and os.path.ismount(mnts[0])
+        daemon = next(q for q in psutil.process_iter(["cmdline"]) if str(mnts[0]) in (q.info["cmdline"] or []))
+        argv = daemon.info["cmdline"]
+        assert argv[argv.index("--prefetch") + 1] == "profiled", argv
+        index, _, _ = artifact.fetch_index(Registry(Ref.parse(ref)))
+        want = [tmp_path / "lazy-cache" / "chunks" / c.digest.split(":", 1)[1][:2] / c.digest.split(":", 1)[1]
+                for c in index.chunks]
+        deadline = time.monotonic() + 300
+        while (missing := [w for w in want if not w.exists()]) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not missing, f"{len(missing)} of {len(want)} chunks never fetched"
         assert run.gc_container_mounts(docker_client) == [] and os.path.ismount(mnts[0])  # still in use
         assert _completion(port, str(tiny_model_dir))["choices"][0]["text"]
         docker_client.containers.get(name).remove(force=True)

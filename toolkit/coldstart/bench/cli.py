@@ -59,10 +59,14 @@ def bench_lazy(
                                "--keep-packed`): auto (its default), kept, repack (--no-keep-packed), each a case "
                                "per model and layout (named e.g. bench-hot-repack)"),
     keep_memory: bool = typer.Option(False, "--keep-memory", help=KEEP_MEMORY_HELP),
+    container: bool = typer.Option(False, "--container", help="every start is `coldstart container restore` "
+                                   "(REF, the pulled dir or the local one) of a snapshot made in a container of "
+                                   "the app image (our dockerd: scripts/start-docker); not with nydus or --runtime "
+                                   "(the image carries the runtime)"),
 ) -> None:
     """Restore → first token on an emulated fresh node: full pull then restore, lazy mount without and
     with prefetch, beside a warm local restore; the registry in its own network namespace behind a
-    shaped link, the node emptied before each start."""
+    shaped link, the node emptied before each start. With --container, the same through containers."""
     import shlex
     import sys
 
@@ -72,12 +76,20 @@ def bench_lazy(
     from coldstart.warm.snapshot import node_profile
 
     say = lambda m: typer.echo(m, err=True)  # noqa: E731
-    cases = [(size, snap) for size, _, snap in _snapshots(sizes, work, say, layouts, packed)]
-    for size, snap in cases:
-        if node_profile(snap) is None or not node_profile(snap).exists():
-            say(f"restoring {size} once, to record its access profile (the push packs in that order)")
-            lazy.record_profile(snap)
     chosen = tuple(m for m in methods.split(",") if m)
+    models = None
+    if container:
+        from coldstart.errors import ColdstartError
+
+        if runtime or "nydus" in chosen or packed != "auto":
+            raise ColdstartError("--container: not with nydus, --runtime or --packed (the image carries the runtime)")
+        cases, models = lazy.container_cases(sizes, layouts, work / "containers", say)
+    else:
+        cases = [(size, snap) for size, _, snap in _snapshots(sizes, work, say, layouts, packed)]
+        for size, snap in cases:
+            if node_profile(snap) is None or not node_profile(snap).exists():
+                say(f"restoring {size} once, to record its access profile (the push packs in that order)")
+                lazy.record_profile(snap)
     if "nydus" in chosen:
         from coldstart.errors import ColdstartError
         from coldstart.registry import nydus
@@ -89,10 +101,10 @@ def bench_lazy(
             chosen = tuple(m for m in chosen if m != "nydus")
     with hostwatch.kept_if(keep_memory, say=say):
         rows = lazy.run_bench(cases, [float(r) for r in rates.split(",") if r], reps, work, say, methods=chosen,
-                              runtime=Path(os.path.realpath(sys.prefix)) if runtime else None)
+                              runtime=Path(os.path.realpath(sys.prefix)) if runtime else None, models=models)
     host = hostwatch.line() + " Link: veth + tc tbf, no added latency (no netem in this kernel)."
     command = "coldstart bench lazy " + " ".join(shlex.quote(a) for a in sys.argv[3:])
-    table = lazy.render(rows, host, command)
+    table = lazy.render(rows, host, command, container=container)
     write_results(out, rows, table, command)
     typer.echo(table)
 

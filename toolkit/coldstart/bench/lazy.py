@@ -78,12 +78,28 @@ def record_profile(snap: Path) -> None:
         raise RuntimeError(f"restore of {snap} to record its profile failed: {p.stderr.strip()[-300:]}")
 
 
+def _stop_container(summ: dict) -> None:
+    """Remove the container a `coldstart container restore` started, then unmount the lazy mounts
+    made for restore containers that are gone (the product's own clean-up, run.gc_container_mounts)."""
+    from coldstart.containers import docker_api, run
+
+    c = docker_api.client(None)
+    if summ.get("container"):
+        try:
+            c.containers.get(summ["container"]).remove(force=True)
+        except Exception:  # noqa: BLE001 - gone already
+            pass
+    run.gc_container_mounts(c)
+
+
 def one_start(method: str, ref: str, local: Path, work: Path, dev: str | None, env: dict,
-              nydus_boot: str = "", runtime_ref: str = "") -> dict:
+              nydus_boot: str = "", runtime_ref: str = "", model: Path | None = None) -> dict:
     """One start on an emptied node; returns the row (seconds from spawn to first token, bytes over
     the link before it, the restore's own events). ``runtime_ref``: the node has no runtime either:
     ``pull`` pulls it too and restores with it, the lazy methods mount it lazily (nydus and local
-    keep the node's own)."""
+    keep the node's own). ``model``: the start is `coldstart container restore TARGET --model MODEL`
+    (the snapshot made in a container of the app image; the node dir, the lazy mount and the host's
+    warming as that command makes them), the container removed after its first token."""
     from coldstart.warm.residency import drop_caches
 
     # local: the steady state of a node that has this snapshot (verified before, profile recorded)
@@ -131,16 +147,27 @@ def one_start(method: str, ref: str, local: Path, work: Path, dev: str | None, e
             extra += ["--runtime", runtime_ref]
         elif runtime_ref and method == "pull":
             extra += ["--runtime", str(work / "pulled-runtime")]
-        p = subprocess.run(_coldstart("restore", target, "--no-serve", "--no-fallback", *extra), env=env,
-                           capture_output=True, text=True, timeout=900)
+        if model is not None:
+            from coldstart.engine.launcher import free_port
+
+            argv = _coldstart("container", "restore", target, "--model", str(model), "--port", str(free_port()),
+                              *extra)
+        else:
+            argv = _coldstart("restore", target, "--no-serve", "--no-fallback", *extra)
+        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
         row["link_bytes"] = (_rx(dev) - rx0) if dev else None  # (a little after the first token)
-        lines = [ln for ln in p.stdout.splitlines() if ln.startswith('{"url"')]
+        lines = [ln for ln in p.stdout.splitlines() if ln.startswith('{"url"' if model is None else '{"container"')]
         summ = json.loads(lines[-1]) if lines else {}
         from coldstart.state import state_dir
 
-        _stop(summ, list((state_dir() / "mounts").glob("*")) if method.startswith("lazy") else [])
+        if model is not None:
+            _stop_container(summ)
+        else:
+            _stop(summ, list((state_dir() / "mounts").glob("*")) if method.startswith("lazy") else [])
         if not summ:
             raise RuntimeError(f"restore exited {p.returncode}: {p.stderr.strip()[-300:]}")
+        if model is not None and not summ.get("restored"):  # (the container's cold boot serves instead)
+            raise RuntimeError(f"the container fell back: {summ.get('fallback_reason')}")
         # the restore's clock starts at COLDSTART_T0, set just before the first spawn
         row["first_token_s"] = summ["events"].get("FIRST_TOKEN")
         row["restored"] = summ.get("restored")
@@ -151,6 +178,33 @@ def one_start(method: str, ref: str, local: Path, work: Path, dev: str | None, e
         if nmount is not None:
             nmount.unmount()
     return row
+
+
+def container_cases(sizes: str, layouts: str, work: Path, say: Say) -> tuple[list[tuple[str, Path]], dict[str, Path]]:
+    """For ``--container``: (case label, snapshot dir) per model and layout, each checkpointed in a
+    container of the app image built from this checkout (bench.containers.bench_case), with the access
+    profile this node recorded at the snapshot's first container restore (the push ships it and packs
+    in its order); and label -> model dir."""
+    from coldstart.bench.containers import bench_case, case_label, new_to_node, one_start as container_start
+    from coldstart.warm.snapshot import node_profile
+
+    cases, models = [], {}
+    for size in [s.strip() for s in sizes.split(",") if s.strip()]:
+        for layout in [x.strip() for x in layouts.split(",") if x.strip()]:
+            bc = bench_case(size, work, say, layout)
+            label = case_label(size, layout)
+            prof = node_profile(bc.snap)
+            if prof is None or not prof.exists():
+                say(f"restoring {label} once in a container, to record its access profile (the push packs in that order)")
+                new_to_node(bc.snap)
+                row = container_start(bc.client, bc.image, "restore", bc.model, bc.snap, bc.layers)
+                prof = node_profile(bc.snap)
+                if row.get("error") or prof is None or not prof.exists():
+                    raise RuntimeError(f"the first container restore of {label} recorded no access profile: "
+                                       f"{row.get('error') or 'none written'}")
+            cases.append((label, bc.snap))
+            models[label] = bc.model
+    return cases, models
 
 
 def _nydus_image(snap: Path, ref: str, out: Path, rows: list[dict], size: str, rate: float, say: Say) -> str:
@@ -182,11 +236,13 @@ def _artifact_sizes(ref: str) -> dict:
 
 
 def run_bench(cases: list[tuple[str, Path]], rates: list[float], reps: int, work: Path, say: Say,
-              methods: tuple[str, ...] = METHODS, runtime: Path | None = None) -> list[dict]:
+              methods: tuple[str, ...] = METHODS, runtime: Path | None = None,
+              models: dict[str, Path] | None = None) -> list[dict]:
     """``cases``: (size, local snapshot dir). One registry per rate, in its own namespace behind the
     shaped link; every snapshot pushed once per registry (its storage is kept between rates).
     ``runtime``: the venv the snapshots' servers run from, pushed too (`push --runtime-of`): the
-    emulated node then has neither the snapshot nor the runtime (see one_start)."""
+    emulated node then has neither the snapshot nor the runtime (see one_start). ``models``: size ->
+    model dir: every start is a `coldstart container restore` (the snapshots made in containers)."""
     from coldstart.registry import artifact, link, server
     from coldstart.registry.cli import runtime_ranges_of
 
@@ -199,7 +255,8 @@ def run_bench(cases: list[tuple[str, Path]], rates: list[float], reps: int, work
                 for size, snap in cases:
                     if "local" in methods:  # not measured: the local node's first restore (verify, profile)
                         rows.append({"size": size, "rate_gbit": rate,
-                                     **one_start("local", "", snap, work / "node-state", None, dict(os.environ)),
+                                     **one_start("local", "", snap, work / "node-state", None, dict(os.environ),
+                                                 model=(models or {}).get(size)),
                                      "method": "local-first"})
                     refs: dict[str, tuple[str, str]] = {}  # compression -> (snapshot ref, runtime ref)
                     for comp in ("zstd", "none") if "lazy+prefetch-raw" in methods else ("zstd",):
@@ -226,11 +283,12 @@ def run_bench(cases: list[tuple[str, Path]], rates: list[float], reps: int, work
                         for method in (methods if rep % 2 == 0 else methods[::-1]):
                             if method == "local":  # its page cache as a node that has the snapshot keeps it:
                                 # another method may just have dropped it (one unmeasured start fills it)
-                                one_start("local", ref, snap, work / "node-state", None, dict(os.environ))
+                                one_start("local", ref, snap, work / "node-state", None, dict(os.environ),
+                                          model=(models or {}).get(size))
                             r_ref, r_rt = refs["none" if method.endswith("-raw") else "zstd"]
                             row = {"size": size, "rate_gbit": rate, "rep": rep,
                                    **one_start(method, r_ref, snap, work / "node-state", L.node_if,
-                                               dict(os.environ), boot, r_rt)}
+                                               dict(os.environ), boot, r_rt, model=(models or {}).get(size))}
                             rows.append(row)
                             say(json.dumps({k: v for k, v in row.items() if k != "events"}))
             finally:
@@ -238,7 +296,15 @@ def run_bench(cases: list[tuple[str, Path]], rates: list[float], reps: int, work
     return rows
 
 
-def render(rows: list[dict], host: str, command: str) -> str:
+CONTAINER_NOTE = ("Every start here is `coldstart container restore TARGET --model MODEL` (TARGET: the registry "
+                  "reference, the pulled directory, or the local copy) of a snapshot checkpointed in a container of "
+                  "the app image, timed from the spawn of `coldstart pull` or of that command (its caller's clock, "
+                  "COLDSTART_T0, passed into the container) to the first token its entrypoint reports; the host warms "
+                  "the snapshot from the create call, through the lazy mount for a reference; the container is "
+                  "removed after it. The node dir (verification records, profiles) is the container's as well.")
+
+
+def render(rows: list[dict], host: str, command: str, container: bool = False) -> str:
     import statistics
 
     def med(sel: list[dict], key: str = "first_token_s"):
@@ -246,8 +312,9 @@ def render(rows: list[dict], host: str, command: str) -> str:
         return statistics.median(v) if v else None
 
     fmt = lambda x, d=2: "-" if x is None else f"{x:.{d}f}"  # noqa: E731
-    L = ["# Restore → first token on an emulated fresh node (snapshot in a registry behind a shaped link)", "",
-         f"`{command}`", "", host, "",
+    L = ["# Restore → first token on an emulated fresh node (snapshot in a registry behind a shaped link)"
+         + (", in containers" if container else ""), "",
+         f"`{command}`", "", host, "", *([CONTAINER_NOTE, ""] if container else []),
          "First token counted from the spawn of the first command (pull or restore); node emptied before "
          "each start (chunk cache, verification records, profiles, page cache) except `local` (warm page cache). "
          "Medians; link bytes = bytes received on the node's side of the veth before the first token. nydusd: "

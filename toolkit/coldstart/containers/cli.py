@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -12,6 +13,7 @@ from coldstart.bench.host import KEEP_MEMORY_HELP
 container_app = typer.Typer(no_args_is_help=True, help="The runtime image and coldstart in containers (our dockerd: "
                             "scripts/start-docker).")
 
+VERIFY_MODES = ("auto", "full", "off")  # the entrypoint's --verify (pipeline.entry)
 HOST_HELP = "dockerd address (default: $COLDSTART_DOCKER_HOST, $DOCKER_HOST, else scripts/start-docker's socket)"
 
 
@@ -84,15 +86,19 @@ def checkpoint_command(
 
 
 def _serve_container(ctr, port: int, t0: float, warmer=None, created_s: float | None = None,
-                     started_s: float | None = None) -> None:
+                     started_s: float | None = None, lazy=None) -> None:
     """Follow a started container until its entrypoint's summary line, print it with the host's timings
-    (CONTAINER_CREATE and CONTAINER_STARTED among its events)."""
+    (CONTAINER_CREATE and CONTAINER_STARTED among its events). ``lazy``: the snapshot's lazy mount,
+    asked for the chunks it has not fetched once the restored server serves (run.fetch_rest)."""
     import json as _json
     import time
 
-    from coldstart.containers.run import summary, with_host_events
+    from coldstart.containers.run import fetch_rest, summary, with_host_events
 
     summ = with_host_events(summary(ctr, time.monotonic() + 900), created_s, started_s)
+    fetched = fetch_rest(lazy, summ)
+    if fetched is not None:
+        summ["snapshot_fetch_all"] = fetched
     if warmer is not None:
         warmer.wait()
     ctr.reload()
@@ -114,6 +120,10 @@ def restore_command(
     name: Optional[str] = typer.Option(None, "--name", help="container name"),
     host_warm: bool = typer.Option(True, "--host-warm/--no-host-warm",
                                    help="warm the snapshot's page cache from the host, from the create call on"),
+    verify: Optional[str] = typer.Option(None, "--verify", show_default="auto; off for a registry reference",
+                                         help="the entrypoint's check of the snapshot's digests before it serves "
+                                         "(`coldstart restore --verify`): auto (what this node has not verified "
+                                         "before) | full | off. A lazy mount checks every chunk it fetches"),
     host: Optional[str] = typer.Option(None, "--host", help=HOST_HELP),
 ) -> None:
     """Start a container that restores SNAPSHOT (entrypoint `coldstart restore`, least privilege, its own
@@ -121,9 +131,12 @@ def restore_command(
     import time
 
     from coldstart.containers import docker_api, image, run
+    from coldstart.errors import ColdstartError
     from coldstart.pipeline.checkpoint import check_listen, hf_model_dir
     from coldstart.registry.mount import as_reference
 
+    if verify not in (None, *VERIFY_MODES):
+        raise ColdstartError(f"--verify {verify!r}: not one of {', '.join(VERIFY_MODES)}")
     hf_model_dir(model)  # before the image build: one line, not minutes then a traceback
     check_listen("127.0.0.1", port)  # docker would refuse only at the start call, the container made
     vol = run.volume_name(snapshot)
@@ -138,6 +151,9 @@ def restore_command(
     if vol:
         run.require_volume(c, vol)
     t0, wall0 = time.monotonic(), time.time()
+    if os.environ.get("COLDSTART_T0"):  # a caller's earlier clock (a benchmark that spawned this command)
+        given = float(os.environ["COLDSTART_T0"])
+        t0, wall0 = t0 - (wall0 - given), given
     env = {"COLDSTART_T0": repr(wall0)}
     snap, m = Path(snapshot), None
     if vol:  # the host warms it where it sees the volume's data (a local volume), else not at all
@@ -155,6 +171,8 @@ def restore_command(
         env["COLDSTART_VERIFY"] = "off"
         typer.echo(f"mounted {snapshot} at {snap} (lazy; unmounted by the next `container restore REF` once "
                    f"the container is removed, or by `coldstart umount {snap}`)", err=True)
+    if verify:
+        env["COLDSTART_VERIFY"] = verify
     warmer = run.host_warm(snap, layers) if host_warm else None
     try:
         ctr = run.create_restore(c, img.tag, snapshot if vol else snap, model, port, name=name, env=env,
@@ -172,7 +190,7 @@ def restore_command(
     started_s = time.monotonic() - t0
     if warmer is not None:
         warmer.container_started()
-    _serve_container(ctr, port, t0, warmer, created_s, started_s)
+    _serve_container(ctr, port, t0, warmer, created_s, started_s, lazy=m)
 
 
 @container_app.command("run-cold")
