@@ -21,6 +21,10 @@ access profile its checkpoint node recorded (the bench restores it once locally 
 packs are in first-access order. Bytes that crossed the link before the
 first token are read from the node side of the veth. What the snapshot alone needs is bounded by
 bytes ÷ link rate: the table sets each method against that.
+
+With ``--container`` (``models``), each of those starts is `coldstart container restore TARGET` of a
+snapshot checkpointed in a container of the app image (container_cases): the fleet path, artifact to
+container through the lazy registry, timed from the same spawn.
 """
 from __future__ import annotations
 
