@@ -120,16 +120,23 @@ static size_t pick_size(struct worker *w)
 
 static void release_memory(void)
 {
-	/* glibc: trims every arena's top and madvise(DONTNEED)s free pages inside them */
-	malloc_trim(0);
 	/* tcmalloc (gperftools) and jemalloc when preloaded */
 	void (*tc_release)(void) = (void (*)(void))dlsym(RTLD_DEFAULT, "MallocExtension_ReleaseFreeMemory");
-	if (tc_release)
-		tc_release();
 	int (*je_mallctl)(const char *, void *, size_t *, void *, size_t) =
 		(int (*)(const char *, void *, size_t *, void *, size_t))dlsym(RTLD_DEFAULT, "mallctl");
-	if (je_mallctl)
+	if (tc_release)
+		tc_release();
+	else if (je_mallctl)
 		je_mallctl("arena.4096.purge", NULL, NULL, NULL, 0);
+	else
+		/*
+		 * glibc: trims every arena's top and madvise(DONTNEED)s free pages inside them. Only
+		 * when malloc is glibc's: under a preloaded allocator glibc's arenas are never set up,
+		 * and malloc_trim sets them up lazily, marking them ready before their bins are: two
+		 * workers' first calls at once then walk empty bins (a SIGSEGV at address 8 in
+		 * malloc_trim, seen once in CI under tcmalloc).
+		 */
+		malloc_trim(0);
 }
 
 static void free_chunk(struct worker *w, int i)
