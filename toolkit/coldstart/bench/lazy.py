@@ -257,10 +257,11 @@ def run_bench(cases: list[tuple[str, Path]], rates: list[float], reps: int, work
             srv = server.start(store, 5000, host=L.addr, netns=L.netns)
             try:
                 for size, snap in cases:
+                    model = (models or {}).get(size)  # (None: a host restore)
                     if "local" in methods:  # not measured: the local node's first restore (verify, profile)
                         rows.append({"size": size, "rate_gbit": rate,
                                      **one_start("local", "", snap, work / "node-state", None, dict(os.environ),
-                                                 model=(models or {}).get(size)),
+                                                 model=model),
                                      "method": "local-first"})
                     refs: dict[str, tuple[str, str]] = {}  # compression -> (snapshot ref, runtime ref)
                     for comp in ("zstd", "none") if "lazy+prefetch-raw" in methods else ("zstd",):
@@ -288,11 +289,11 @@ def run_bench(cases: list[tuple[str, Path]], rates: list[float], reps: int, work
                             if method == "local":  # its page cache as a node that has the snapshot keeps it:
                                 # another method may just have dropped it (one unmeasured start fills it)
                                 one_start("local", ref, snap, work / "node-state", None, dict(os.environ),
-                                          model=(models or {}).get(size))
+                                          model=model)
                             r_ref, r_rt = refs["none" if method.endswith("-raw") else "zstd"]
                             row = {"size": size, "rate_gbit": rate, "rep": rep,
                                    **one_start(method, r_ref, snap, work / "node-state", L.node_if,
-                                               dict(os.environ), boot, r_rt, model=(models or {}).get(size))}
+                                               dict(os.environ), boot, r_rt, model=model)}
                             rows.append(row)
                             say(json.dumps({k: v for k, v in row.items() if k != "events"}))
             finally:

@@ -13,7 +13,6 @@ from coldstart.bench.host import KEEP_MEMORY_HELP
 container_app = typer.Typer(no_args_is_help=True, help="The runtime image and coldstart in containers (our dockerd: "
                             "scripts/start-docker).")
 
-VERIFY_MODES = ("auto", "full", "off")  # the entrypoint's --verify (pipeline.entry)
 HOST_HELP = "dockerd address (default: $COLDSTART_DOCKER_HOST, $DOCKER_HOST, else scripts/start-docker's socket)"
 
 
@@ -133,6 +132,7 @@ def restore_command(
     from coldstart.containers import docker_api, image, run
     from coldstart.errors import ColdstartError
     from coldstart.pipeline.checkpoint import check_listen, hf_model_dir
+    from coldstart.pipeline.entry import VERIFY_MODES
     from coldstart.registry.mount import as_reference
 
     if verify not in (None, *VERIFY_MODES):

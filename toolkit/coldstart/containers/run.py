@@ -39,7 +39,7 @@ from coldstart.fsutil import data_extents, write_atomic
 from coldstart.pipeline.checkpoint import hf_model_dir
 from coldstart.pipeline.events import EventName
 from coldstart.pipeline.manifest import read_manifest
-from coldstart.pipeline.restore import HOST_WARMS_ENV, RUNTIME_REST_ENV, ReadAhead, warm_paths
+from coldstart.pipeline.restore import HOST_WARMS_ENV, ReadAhead, fetch_snapshot_rest, snapshot_prefetch, warm_paths
 from coldstart.state import node_dir
 from coldstart.warm import native as _native
 from coldstart.warm import snapshot as _snapshot
@@ -328,7 +328,7 @@ def mount_for_container(ref: str):
     chunks the restore does not need before the ones its faults wait for."""
     from coldstart.registry.mount import mount, mount_point_for
 
-    return mount(ref, mount_point_for(ref, "container-"), prefetch=os.environ.get("COLDSTART_LAZY_PREFETCH") or "profiled")
+    return mount(ref, mount_point_for(ref, "container-"), prefetch=snapshot_prefetch())
 
 
 def fetch_rest(mnt, summary: dict) -> bool | None:
@@ -336,10 +336,7 @@ def fetch_rest(mnt, summary: dict) -> bool | None:
     every chunk it has not, so that the server no longer needs the registry or the link (a daemon gone
     with chunks unfetched is a SIGBUS on the restored server's next fault). None: nothing to do (the
     daemon fetched everything from the start, the restore fell back, or COLDSTART_LAZY_RUNTIME_REST=leave)."""
-    if mnt is None or mnt.prefetch == "all" or not summary.get("restored") \
-            or os.environ.get(RUNTIME_REST_ENV, "fetch") == "leave":
-        return None
-    return mnt.fetch_all()
+    return fetch_snapshot_rest(mnt) if summary.get("restored") else None
 
 
 def own_mount(mnt, ctr) -> None:

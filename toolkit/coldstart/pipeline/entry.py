@@ -18,6 +18,7 @@ import os
 import sys
 from pathlib import Path
 
+VERIFY_MODES = ("auto", "full", "off")  # --verify
 ENV = {  # option -> environment variable that sets its default (a container's settings)
     "verify": "COLDSTART_VERIFY", "net": "COLDSTART_RESTORE_NET", "port": "COLDSTART_PORT",
     "listen": "COLDSTART_LISTEN", "ready_file": "COLDSTART_READY_FILE", "runtime": "COLDSTART_RUNTIME",
@@ -38,7 +39,7 @@ def parser() -> argparse.ArgumentParser:
            "mounted). Default: /snapshot.")
     a("--serve", action=argparse.BooleanOptionalAction, default=True,
       help="--no-serve: return once READY, leave the server running.")
-    a("--verify", default=os.environ.get(ENV["verify"], "auto"), choices=("auto", "full", "off"),
+    a("--verify", default=os.environ.get(ENV["verify"], "auto"), choices=VERIFY_MODES,
       help="Digests of the snapshot's files, checked before serving: auto (what this node has not verified "
            "unchanged before) | full (everything, every time) | off." + env("verify"))
     a("--no-verify", action="store_true", help="Same as --verify off.")

@@ -238,7 +238,7 @@ def _mount(ref: str, mountpoint: Path, tl: Timeline, say: Callable[[str], None])
     from coldstart.registry.mount import mount
 
     try:
-        mnt = mount(ref, mountpoint, prefetch=os.environ.get("COLDSTART_LAZY_PREFETCH") or "profiled")
+        mnt = mount(ref, mountpoint, prefetch=snapshot_prefetch())
     except ColdstartError as e:
         raise RestoreFailed(f"lazy mount of {ref}: {e}") from None
     tl.mark(EventName.LAZY_MOUNTED, ref=ref, manifest=mnt.manifest_digest)
@@ -327,6 +327,21 @@ HOST_WARMS_ENV = "COLDSTART_HOST_WARMS"
 # prefetched only the profiled chunks) fetch every chunk they have not; "leave": only what is read
 # (a node that keeps the runtime in a node-wide cache anyway, or a test).
 RUNTIME_REST_ENV = "COLDSTART_LAZY_RUNTIME_REST"
+
+
+def snapshot_prefetch() -> str:
+    """What a restore's lazy mount of a snapshot prefetches from the mount on (registry.mount's
+    ``prefetch``): the profiled chunks, unless COLDSTART_LAZY_PREFETCH says otherwise (_mount)."""
+    return os.environ.get("COLDSTART_LAZY_PREFETCH") or "profiled"
+
+
+def fetch_snapshot_rest(mnt) -> bool | None:
+    """Once the restored server serves: have the snapshot mount's daemon fetch every chunk it has
+    not (Mount.fetch_all; False: the daemon is gone). None: nothing asked (no mount, one that
+    prefetched everything from the start, or RUNTIME_REST_ENV=leave)."""
+    if mnt is None or getattr(mnt, "prefetch", "all") == "all" or os.environ.get(RUNTIME_REST_ENV, "fetch") == "leave":
+        return None
+    return mnt.fetch_all()
 
 
 # "0": no read-ahead of the restorer's reads; "all": the hot layout's child images even where the
@@ -645,11 +660,10 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say, r
         # the rest of a lazily mounted runtime and snapshot, in the background: the server then needs
         # neither the registry nor the link (a daemon gone with chunks unfetched is a SIGBUS on the
         # next fault)
-        if os.environ.get(RUNTIME_REST_ENV, "fetch") != "leave":
-            if rt is not None and rt.mount is not None:
-                ready.attrs["runtime_fetch_all"] = rt.mount.fetch_all()
-            if mnt is not None and getattr(mnt, "prefetch", "all") != "all":
-                ready.attrs["snapshot_fetch_all"] = mnt.fetch_all()
+        if os.environ.get(RUNTIME_REST_ENV, "fetch") != "leave" and rt is not None and rt.mount is not None:
+            ready.attrs["runtime_fetch_all"] = rt.mount.fetch_all()
+        if (fetched := fetch_snapshot_rest(mnt)) is not None:
+            ready.attrs["snapshot_fetch_all"] = fetched
         if mnt is not None or (rt is not None and rt.mount is not None):  # a later restore's gc_restore_dirs
             # unmounts them once this server is gone (one left by --no-serve has no entrypoint to do it)
             write_owner(st.dir, snap, server_pid=eng.root_pid,
