@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -24,6 +25,13 @@ JEMALLOC = Path("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")
 
 if os.geteuid() != 0:
     pytest.skip("CRIU tests need root", allow_module_level=True)
+
+
+@pytest.fixture(autouse=True)
+def _restores_work_in_tmp_path(tmp_path, monkeypatch):
+    """A restore without a work dir makes its own temp dir (restore.log, pidfile) and leaves it for
+    the caller to read: here that lands in the test's tmp_path, which pytest prunes, not in /tmp."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
 
 @pytest.fixture(scope="session")

@@ -185,8 +185,11 @@ def _fallback(snap: Path, m, **kw):
         assert _complete(res.base_url, m) == m.canary.token_ids  # the cold boot serves correct output
         assert _post(res.base_url + "/sleep") == 404  # it needs no dev-mode routes: it has none
         assert "FALLBACK" in [e.name for e in res.timeline.events]
+        scratch = res.engine.spec.run_dir
+        assert scratch.is_dir()
     finally:
         res.stop()
+    assert not scratch.exists()  # the cold boot's own run dir goes with its server
     return res.fallback_reason
 
 

@@ -246,6 +246,7 @@ class EngineProcess:
         self._log_file = log_file
         self._watchdog = None  # launcher._tree_watchdog's pipe, for trees that die with their starter
         self.started_at = time.monotonic()
+        self.scratch: Path | None = None  # a run dir made for this server alone: stop() removes it
 
     @classmethod
     def attach(cls, spec: EngineSpec, root_pid: int, popen: subprocess.Popen | None = None,
@@ -342,7 +343,8 @@ class EngineProcess:
             self._watchdog = None
 
     def stop(self, timeout: float = 30.0) -> None:
-        """SIGTERM the tree, SIGKILL what is left after ``timeout``; reap; remove its /dev/shm files."""
+        """SIGTERM the tree, SIGKILL what is left after ``timeout``; reap; remove its /dev/shm files
+        and its scratch run dir."""
         import psutil
 
         shm = self.shm_paths()
@@ -379,6 +381,9 @@ class EngineProcess:
                 p.unlink()
             except OSError:
                 pass
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch = None
 
     def __enter__(self) -> "EngineProcess":
         return self

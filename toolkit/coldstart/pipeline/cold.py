@@ -18,13 +18,15 @@ def cold_start(model: Path | str, *, port: int, host: str = "127.0.0.1", engine_
     ``binds``: run it from a runtime mounted elsewhere (EngineSpec.binds), not this process's own.
 
     Returns (EngineProcess, Completion or None). Marks SERVER_UP, FIRST_TOKEN and READY on the
-    timeline. The run dir defaults to a fresh temp dir (never the snapshot's: that stays immutable).
+    timeline. The run dir defaults to a fresh temp dir (never the snapshot's: that stays immutable), removed
+    when the server stops.
     """
     from coldstart.engine.client import EngineClient
     from coldstart.engine.launcher import EngineSpec, start_engine
 
     tl = timeline or Timeline.from_container_start("cold", model=Path(str(model)).name)
-    run_dir = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix="coldstart-cold-"))
+    scratch = None if run_dir else Path(tempfile.mkdtemp(prefix="coldstart-cold-"))
+    run_dir = Path(run_dir) if run_dir else scratch
     spec = EngineSpec(model=Path(model), run_dir=run_dir, port=port, host=host, kv_cache_bytes=kv_cache_bytes,
                       sleep_mode=False, dev_mode=False, extra_args=list(engine_args or []), served_model_name=served_model_name,
                       binds=dict(binds or {}), **({"python": python} if python else {}))
@@ -37,6 +39,7 @@ def cold_start(model: Path | str, *, port: int, host: str = "127.0.0.1", engine_
         comp = client.complete(canary_prompt or "Hello", max_tokens=canary_tokens if canary_prompt else 1, seed=0)
         tl.mark(EventName.FIRST_TOKEN)
         tl.mark(EventName.READY, url=spec.base_url)
+        eng.scratch = scratch  # gone with the server; a failed start keeps it for the log it names
         return eng, comp
     except BaseException:
         eng.stop(timeout=10)
