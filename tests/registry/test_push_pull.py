@@ -88,6 +88,49 @@ def test_corrupt_compressed_chunk_is_never_published(registry, tree, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_frames_made_while_hashing_are_sent_as_made(registry, tree, tmp_path, monkeypatch):
+    """With room to keep them, the frames made while hashing are the packs' bytes: the tree is read
+    and compressed once. Without (keep_bytes=0) every pack is read and compressed again; both give
+    the same packs, and both pull back bit-exact."""
+    encoded, packed_reads = [], []
+    real_encode, real_pread = artifact._encode, os.pread
+    monkeypatch.setattr(artifact, "_encode", lambda *a, **k: encoded.append(1) or real_encode(*a, **k))
+    monkeypatch.setattr(artifact.os, "pread", lambda *a: packed_reads.append(1) or real_pread(*a))
+    kept = artifact.push(tree, f"{registry.host}/t/kept:v1", **SMALL)
+    once = len(encoded)
+    assert once > 0 and not packed_reads
+    encoded.clear()
+    again = artifact.push(tree, f"{registry.host}/t/made-again:v1", **SMALL, keep_bytes=0)
+    assert len(encoded) > once and packed_reads  # (made again for the digests, and for the upload)
+    assert [p.digest for p in artifact.fetch_index(Registry(Ref.parse(f"{registry.host}/t/made-again:v1")))[0].packs] \
+        == [p.digest for p in artifact.fetch_index(Registry(Ref.parse(f"{registry.host}/t/kept:v1")))[0].packs]
+    assert again.total_bytes == kept.total_bytes
+    same_tree(tree, artifact.pull(f"{registry.host}/t/kept:v1", tmp_path / "kept").dir)
+
+
+def test_a_file_changed_during_the_push_is_refused(registry, tmp_path, monkeypatch):
+    """A file written after it was hashed: its frames, kept from before, would publish it torn; the
+    push refuses it by name and puts up no manifest."""
+    work = tmp_path / "tree"
+    work.mkdir()
+    (work / "text.txt").write_bytes(b"the same line again\n" * 20000)
+    (work / "random.bin").write_bytes(os.urandom(300 << 10))
+    real = artifact.build_index
+
+    def then_write(*a, **k):
+        ix = real(*a, **k)
+        with open(work / "text.txt", "ab") as f:
+            f.write(b"late")
+        return ix
+
+    monkeypatch.setattr(artifact, "build_index", then_write)
+    ref = f"{registry.host}/t/changed:v1"
+    with pytest.raises(artifact.ArtifactError, match=r"text\.txt changed while it was being pushed"):
+        artifact.push(work, ref, **SMALL)
+    with pytest.raises(RegistryError):
+        artifact.fetch_index(Registry(Ref.parse(ref)))
+
+
 def test_grouped_codec_round_trips_every_length():
     for n in (0, 1, 2, 7, 64 << 10):
         data = os.urandom(n)

@@ -239,6 +239,46 @@ def _blake3(data) -> str:
     return "blake3:" + blake3.blake3(data).hexdigest()
 
 
+def _file_state(st: os.stat_result) -> tuple[int, int, int]:
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+class Kept:
+    """What build_index made, for the rest of one push: each chunk's stored form (up to ``budget``
+    bytes in all), so that the pack digests and the upload send the frames as made instead of
+    reading and compressing the tree twice more, and each file's size and times as it was read, so
+    that a file changed since is refused rather than published torn."""
+
+    def __init__(self, budget: int):
+        self.budget, self.held = budget, 0
+        self.frames: dict[str, bytes] = {}
+        self.states: dict[str, tuple[int, int, int]] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def for_this_host(cls) -> "Kept":
+        """A quarter of the memory available now: a 6 GB venv's 3 GB of frames fit on a 24 GB node;
+        what does not fit is made again from the tree as it is packed."""
+        import psutil
+
+        return cls(psutil.virtual_memory().available // 4)
+
+    def keep(self, digest: str, frame: bytes) -> None:
+        with self._lock:
+            if digest not in self.frames and self.held + len(frame) <= self.budget:
+                self.frames[digest] = frame
+                self.held += len(frame)
+
+    def check_unchanged(self, root: Path) -> None:
+        for rel, was in self.states.items():
+            try:
+                now = _file_state(os.lstat(root / rel))
+            except OSError:
+                now = None
+            if now != was:
+                raise ArtifactError(f"{root / rel} changed while it was being pushed")
+
+
 def _walk(root: Path) -> list[Entry]:
     """Every entry under ``root`` in path order. Unix sockets and FIFOs are kept as entries with no
     data (a snapshot's run dir holds vLLM's RPC sockets; pull recreates them as such); devices are
@@ -324,14 +364,15 @@ def shipped_profile(root: Path) -> dict[str, bytes]:
 def build_index(root: Path, *, chunk_size: int = CHUNK, pack_size: int = PACK, say: Say = lambda s: None,
                 extra: dict[str, bytes] | None = None, ranges: list[tuple[str, int, int]] | None = None,
                 small_first: bool = True, compress: str = "zstd",
-                known: dict[str, tuple[int, str]] | None = None) -> Index:
+                known: dict[str, tuple[int, str]] | None = None, kept: Kept | None = None) -> Index:
     """Chunk, hash (BLAKE3) and, with ``compress`` "zstd", compress every file, on threads (both
     release the GIL), then order the chunks: small files (``small_first``), the profile's ranges
-    (``ranges``, default the tree's own profile), the rest; cut into packs. Only the compressed sizes
-    are kept: the packs compress again as they are hashed and sent (pack_digests, push).
+    (``ranges``, default the tree's own profile), the rest; cut into packs. The index holds only the
+    stored sizes: without ``kept``, the packs compress again as they are hashed and sent.
     ``extra``: files published with the tree that are not in it (relative path -> bytes).
     ``known``: chunk digest -> (stored, codec) from an index pushed before (previous_frames): those
-    chunks are not compressed again (a second push of a 6 GB venv is then hashing only)."""
+    chunks are not compressed again (a second push of a 6 GB venv is then hashing only). ``kept``:
+    where to keep the stored forms and the files' states for the rest of the push."""
     if compress not in CODECS:
         raise ArtifactError(f"compression must be one of {', '.join(CODECS)}, not {compress!r}")
     root = Path(root)
@@ -349,8 +390,10 @@ def build_index(root: Path, *, chunk_size: int = CHUNK, pack_size: int = PACK, s
         digest = _blake3(b)
         if compress == "zstd" and known and digest in known:
             return (digest, len(b), *known[digest])
-        kept, codec = _stored_form(b, compress, weights)
-        return digest, len(b), len(kept), codec
+        frame, codec = _stored_form(b, compress, weights)
+        if kept is not None:
+            kept.keep(digest, frame)
+        return digest, len(b), len(frame), codec
 
     def hash_file(e: Entry) -> None:
         if e.path in extra:
@@ -360,11 +403,16 @@ def build_index(root: Path, *, chunk_size: int = CHUNK, pack_size: int = PACK, s
         out = []
         weights = e.path.endswith(WEIGHT_SUFFIXES)
         with open(root / e.path, "rb", buffering=0) as f:
+            before = _file_state(os.fstat(f.fileno()))
             while True:
                 b = f.read(chunk_size)
                 if not b:
                     break
                 out.append(one_chunk(b, weights))
+            if _file_state(os.fstat(f.fileno())) != before:
+                raise ArtifactError(f"{root / e.path} changed while it was being pushed")
+        if kept is not None:
+            kept.states[e.path] = before
         per_file[e.path] = out
 
     with ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as ex:
@@ -429,10 +477,11 @@ def _chunk_source(index: Index) -> dict[int, tuple[str, int]]:
 
 
 def _pack_pieces(root: Path, index: Index, p: Pack, src: dict[int, tuple[str, int]],
-                 extra: dict[str, bytes] | None = None):
-    """The pack's bytes as pieces, read from the tree in pack order, compressed as the index says;
-    each chunk checked again, so a file changed since hashing cannot be published under its old
-    digest (nor a frame that came out other than when the index was built)."""
+                 extra: dict[str, bytes] | None = None, kept: Kept | None = None):
+    """The pack's bytes as pieces in pack order: the frames ``kept`` holds as made, the others read
+    from the tree and compressed as the index says, each checked again, so a file changed since
+    hashing cannot be published under its old digest (nor a frame that came out other than when
+    the index was built)."""
     # one file open at a time: a pack holds a file's chunks in a row, and a pack of compressed small
     # files (a venv's) spans more files than a process may hold open
     cur: tuple[str, object] | None = None
@@ -440,6 +489,9 @@ def _pack_pieces(root: Path, index: Index, p: Pack, src: dict[int, tuple[str, in
     try:
         for ci in range(*p.chunks):
             c = index.chunks[ci]
+            if kept is not None and (frame := kept.frames.get(c.digest)) is not None:
+                yield frame
+                continue
             path, off = src[ci]
             if path in extra:
                 b = extra[path][off:off + c.size]
@@ -475,7 +527,7 @@ def _pack_key(index: Index, p: Pack) -> tuple:
 
 
 def pack_digests(root: Path, index: Index, threads: int = 2, extra: dict[str, bytes] | None = None,
-                 reuse: dict[tuple, str] | None = None) -> None:
+                 reuse: dict[tuple, str] | None = None, kept: Kept | None = None) -> None:
     """Each pack's sha256, computed from the tree; ``reuse``: pack key (_pack_key) -> the digest of a
     pack of the same chunks, stored the same, that the registry already has (its bytes are those)."""
     src = _chunk_source(index)
@@ -485,7 +537,7 @@ def pack_digests(root: Path, index: Index, threads: int = 2, extra: dict[str, by
             p.digest = d
             return
         h = hashlib.sha256()
-        for b in _pack_pieces(root, index, p, src, extra):
+        for b in _pack_pieces(root, index, p, src, extra, kept):
             h.update(b)
         p.digest = "sha256:" + h.hexdigest()
 
@@ -523,10 +575,12 @@ def push_runtime(tree: Path, ref: str, ranges: list[tuple[str, int, int]], **kw)
 
 def push(root: Path, ref: str, *, chunk_size: int = CHUNK, pack_size: int = PACK, threads: int = 4,
          say: Say = lambda s: None, ranges: list[tuple[str, int, int]] | None = None, small_first: bool = True,
-         kind: str = "coldstart.tree", prefix: str = "", profile: bool = True, compress: str = "zstd") -> PushResult:
+         kind: str = "coldstart.tree", prefix: str = "", profile: bool = True, compress: str = "zstd",
+         keep_bytes: int | None = None) -> PushResult:
     """Publish ``root`` as ``ref`` (``profile``: with the node's recorded access profile:
     shipped_profile; ``compress``: "zstd" or "none", see the module docstring). Blobs the repository
-    already has are not sent again."""
+    already has are not sent again. ``keep_bytes``: memory for the frames made while hashing, sent
+    as made (Kept; default a quarter of what is available, 0: every pack read and made again)."""
     t0 = time.monotonic()
     root = Path(root)
     if not root.is_dir():
@@ -542,20 +596,21 @@ def push(root: Path, ref: str, *, chunk_size: int = CHUNK, pack_size: int = PACK
     present = {d for d in {p.digest for prev in prevs for p in prev.packs} if reg.has_blob(d)}
     reuse = {_pack_key(prev, p): p.digest for prev in prevs for p in prev.packs if p.digest in present} or None
 
-    def indexed(known, reuse) -> Index:
+    def indexed(known, reuse) -> tuple[Index, Kept]:
+        kept = Kept.for_this_host() if keep_bytes is None else Kept(keep_bytes)
         ix = build_index(root, chunk_size=chunk_size, pack_size=pack_size, say=say, extra=extra, ranges=ranges,
-                         small_first=small_first, compress=compress, known=known)
+                         small_first=small_first, compress=compress, known=known, kept=kept)
         ix.kind, ix.prefix = kind, prefix
-        pack_digests(root, ix, extra=extra, reuse=reuse)
-        return ix
+        pack_digests(root, ix, extra=extra, reuse=reuse, kept=kept)
+        return ix, kept
 
     try:
-        index = indexed(known, reuse)
+        index, kept = indexed(known, reuse)
     except _FrameChanged:
         if not known:
             raise
         say("this zstandard compresses differently from the one that pushed the ref before: compressing anew")
-        index = indexed(None, None)
+        index, kept = indexed(None, None)
     index_blob = index.to_bytes()
     src = _chunk_source(index)
     blobs: list[tuple[str, int, object]] = [(sha256_digest(EMPTY), len(EMPTY), EMPTY),
@@ -570,7 +625,7 @@ def push(root: Path, ref: str, *, chunk_size: int = CHUNK, pack_size: int = PACK
         rg = _thread_registry(local, reg)
         if digest in present or rg.has_blob(digest):  # (present: asked just before, for reuse)
             return
-        data = body if isinstance(body, bytes) else _pack_pieces(root, index, body, src, extra)
+        data = body if isinstance(body, bytes) else _pack_pieces(root, index, body, src, extra, kept)
         rg.push_blob(data, digest, size)
         with lock:
             uploaded[0] += 1
@@ -579,6 +634,7 @@ def push(root: Path, ref: str, *, chunk_size: int = CHUNK, pack_size: int = PACK
 
     with ThreadPoolExecutor(threads) as ex:
         list(ex.map(one, blobs))
+    kept.check_unchanged(root)  # (the frames sent as made were read before this)
     digest = reg.put_manifest(manifest_for(index_blob, index))
     return PushResult(str(r), digest, len(blobs), uploaded[0], up_bytes[0], index.bytes,
                       round(time.monotonic() - t0, 3))
