@@ -90,8 +90,8 @@ def test_corrupt_compressed_chunk_is_never_published(registry, tree, tmp_path):
 
 def test_frames_made_while_hashing_are_sent_as_made(registry, tree, tmp_path, monkeypatch):
     """With room to keep them, the frames made while hashing are the packs' bytes: the tree is read
-    and compressed once. Without (keep_bytes=0) every pack is read and compressed again; both give
-    the same packs, and both pull back bit-exact."""
+    and compressed once. Without (keep_bytes=0) every pack is read and compressed again, and with
+    room for some, the others; all give the same packs, which pull back bit-exact."""
     encoded, packed_reads = [], []
     real_encode, real_pread = artifact._encode, os.pread
     monkeypatch.setattr(artifact, "_encode", lambda *a, **k: encoded.append(1) or real_encode(*a, **k))
@@ -106,6 +106,11 @@ def test_frames_made_while_hashing_are_sent_as_made(registry, tree, tmp_path, mo
         == [p.digest for p in artifact.fetch_index(Registry(Ref.parse(f"{registry.host}/t/kept:v1")))[0].packs]
     assert again.total_bytes == kept.total_bytes
     same_tree(tree, artifact.pull(f"{registry.host}/t/kept:v1", tmp_path / "kept").dir)
+    said: list[str] = []  # a budget smaller than the frames: some kept, the others made again
+    artifact.push(tree, f"{registry.host}/t/some-kept:v1", **SMALL, keep_bytes=100 << 10, say=said.append)
+    assert any("over the budget" in m for m in said), said
+    assert [p.digest for p in artifact.fetch_index(Registry(Ref.parse(f"{registry.host}/t/some-kept:v1")))[0].packs] \
+        == [p.digest for p in artifact.fetch_index(Registry(Ref.parse(f"{registry.host}/t/kept:v1")))[0].packs]
 
 
 def test_a_file_changed_during_the_push_is_refused(registry, tmp_path, monkeypatch):

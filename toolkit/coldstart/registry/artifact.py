@@ -250,7 +250,7 @@ class Kept:
     that a file changed since is refused rather than published torn."""
 
     def __init__(self, budget: int):
-        self.budget, self.held = budget, 0
+        self.budget, self.held, self.missed = budget, 0, 0
         self.frames: dict[str, bytes] = {}
         self.states: dict[str, tuple[int, int, int]] = {}
         self._lock = threading.Lock()
@@ -265,9 +265,13 @@ class Kept:
 
     def keep(self, digest: str, frame: bytes) -> None:
         with self._lock:
-            if digest not in self.frames and self.held + len(frame) <= self.budget:
+            if digest in self.frames:
+                return
+            if self.held + len(frame) <= self.budget:
                 self.frames[digest] = frame
                 self.held += len(frame)
+            else:
+                self.missed += len(frame)
 
     def check_unchanged(self, root: Path) -> None:
         for rel, was in self.states.items():
@@ -385,6 +389,7 @@ def build_index(root: Path, *, chunk_size: int = CHUNK, pack_size: int = PACK, s
     say(f"hashing{' and compressing' if compress == 'zstd' else ''} {len(files)} files, {total / 2**20:.0f} MiB, "
         f"in {chunk_size >> 10} KiB chunks")
     per_file: dict[str, list[tuple[str, int, int, str]]] = {}  # path -> (digest, size, stored, codec) per chunk
+    done = [0]  # bytes hashed, for the progress lines
 
     def one_chunk(b: bytes, weights: bool = False) -> tuple[str, int, int, str]:
         digest = _blake3(b)
@@ -409,6 +414,7 @@ def build_index(root: Path, *, chunk_size: int = CHUNK, pack_size: int = PACK, s
                 if not b:
                     break
                 out.append(one_chunk(b, weights))
+                done[0] += len(b)
             if _file_state(os.fstat(f.fileno())) != before:
                 raise ArtifactError(f"{root / e.path} changed while it was being pushed")
         if kept is not None:
@@ -416,7 +422,11 @@ def build_index(root: Path, *, chunk_size: int = CHUNK, pack_size: int = PACK, s
         per_file[e.path] = out
 
     with ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as ex:
-        list(ex.map(hash_file, files))
+        _wait_saying([ex.submit(hash_file, e) for e in files], say,
+                     lambda: f"hashed {done[0] / 2**20:.0f} of {total / 2**20:.0f} MiB")
+    if kept is not None and kept.missed:
+        say(f"{kept.held / 2**20:.0f} MiB of frames kept in memory, {kept.missed / 2**20:.0f} MiB over the "
+            f"budget: those are read and compressed again as they are sent")
 
     # order of first use: (file, chunk number) keys
     order: list[tuple[str, int]] = []
@@ -465,6 +475,24 @@ def build_index(root: Path, *, chunk_size: int = CHUNK, pack_size: int = PACK, s
             start, fill = i + 1, 0
     return Index(chunk_size=chunk_size, entries=entries, chunks=chunks, packs=packs, profiled=profiled,
                  compress=compress)
+
+
+def _wait_saying(futures: list, say: Say, progress: Callable[[], str],
+                 every: float = 10.0) -> None:
+    """Wait for ``futures`` (the first error raised, the rest cancelled); say ``progress()`` every
+    ``every`` seconds meanwhile: a 6 GB tree takes half a minute to hash."""
+    from concurrent.futures import FIRST_EXCEPTION, wait
+
+    pending = set(futures)
+    while pending:
+        done, pending = wait(pending, timeout=every, return_when=FIRST_EXCEPTION)
+        for f in done:
+            if f.exception() is not None:
+                for p in pending:
+                    p.cancel()
+                raise f.exception()
+        if pending:
+            say(progress())
 
 
 def _chunk_source(index: Index) -> dict[int, tuple[str, int]]:
