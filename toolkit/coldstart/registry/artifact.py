@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
 import shutil
 import stat
@@ -247,12 +248,18 @@ class Kept:
     """What build_index made, for the rest of one push: each chunk's stored form (up to ``budget``
     bytes in all), so that the pack digests and the upload send the frames as made instead of
     reading and compressing the tree twice more, and each file's size and times as it was read, so
-    that a file changed since is refused rather than published torn."""
+    that a file changed since is refused rather than published torn. The frames live in anonymous
+    maps of their own, which close() gives back: a process that pushed keeps none of that memory
+    (in the heap, freed frames stayed resident: 2.1 GB after a push of the 6 GB venv)."""
+
+    BLOCK = 64 << 20
 
     def __init__(self, budget: int):
         self.budget, self.held, self.missed = budget, 0, 0
-        self.frames: dict[str, bytes] = {}
+        self.frames: dict[str, tuple[int, int, int]] = {}  # digest -> (block, offset, length)
         self.states: dict[str, tuple[int, int, int]] = {}
+        self._blocks: list[mmap.mmap] = []
+        self._fill = 0
         self._lock = threading.Lock()
 
     @classmethod
@@ -264,14 +271,33 @@ class Kept:
         return cls(psutil.virtual_memory().available // 4)
 
     def keep(self, digest: str, frame: bytes) -> None:
+        n = len(frame)
         with self._lock:
             if digest in self.frames:
                 return
-            if self.held + len(frame) <= self.budget:
-                self.frames[digest] = frame
-                self.held += len(frame)
-            else:
-                self.missed += len(frame)
+            if self.held + n > self.budget:
+                self.missed += n
+                return
+            if not self._blocks or self._fill + n > len(self._blocks[-1]):
+                self._blocks.append(mmap.mmap(-1, max(self.BLOCK, n)))
+                self._fill = 0
+            self._blocks[-1][self._fill:self._fill + n] = frame
+            self.frames[digest] = (len(self._blocks) - 1, self._fill, n)
+            self._fill += n
+            self.held += n
+
+    def frame(self, digest: str) -> bytes | None:
+        at = self.frames.get(digest)
+        if at is None:
+            return None
+        b, off, n = at
+        return self._blocks[b][off:off + n]
+
+    def close(self) -> None:
+        self.frames.clear()
+        for b in self._blocks:
+            b.close()
+        self._blocks.clear()
 
     def check_unchanged(self, root: Path) -> None:
         for rel, was in self.states.items():
@@ -517,7 +543,7 @@ def _pack_pieces(root: Path, index: Index, p: Pack, src: dict[int, tuple[str, in
     try:
         for ci in range(*p.chunks):
             c = index.chunks[ci]
-            if kept is not None and (frame := kept.frames.get(c.digest)) is not None:
+            if kept is not None and (frame := kept.frame(c.digest)) is not None:
                 yield frame
                 continue
             path, off = src[ci]
@@ -626,10 +652,14 @@ def push(root: Path, ref: str, *, chunk_size: int = CHUNK, pack_size: int = PACK
 
     def indexed(known, reuse) -> tuple[Index, Kept]:
         kept = Kept.for_this_host() if keep_bytes is None else Kept(keep_bytes)
-        ix = build_index(root, chunk_size=chunk_size, pack_size=pack_size, say=say, extra=extra, ranges=ranges,
-                         small_first=small_first, compress=compress, known=known, kept=kept)
-        ix.kind, ix.prefix = kind, prefix
-        pack_digests(root, ix, extra=extra, reuse=reuse, kept=kept)
+        try:
+            ix = build_index(root, chunk_size=chunk_size, pack_size=pack_size, say=say, extra=extra, ranges=ranges,
+                             small_first=small_first, compress=compress, known=known, kept=kept)
+            ix.kind, ix.prefix = kind, prefix
+            pack_digests(root, ix, extra=extra, reuse=reuse, kept=kept)
+        except BaseException:
+            kept.close()
+            raise
         return ix, kept
 
     try:
@@ -639,6 +669,15 @@ def push(root: Path, ref: str, *, chunk_size: int = CHUNK, pack_size: int = PACK
             raise
         say("this zstandard compresses differently from the one that pushed the ref before: compressing anew")
         index, kept = indexed(None, None)
+    try:
+        return _send(reg, r, root, index, kept, extra, present, threads, say, t0)
+    finally:
+        kept.close()
+
+
+def _send(reg: Registry, r: Ref, root: Path, index: Index, kept: Kept, extra: dict[str, bytes], present: set[str],
+          threads: int, say: Say, t0: float) -> PushResult:
+    """Upload the blobs the registry lacks, then the manifest, if no file changed meanwhile."""
     index_blob = index.to_bytes()
     src = _chunk_source(index)
     blobs: list[tuple[str, int, object]] = [(sha256_digest(EMPTY), len(EMPTY), EMPTY),
