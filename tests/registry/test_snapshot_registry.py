@@ -249,8 +249,12 @@ def test_damage_found_after_ready_hands_the_port_to_a_cold_boot(registry, tiny_s
     data = bytearray(original)
     data[c.offset + c.stored // 2] ^= 0xFF
     blob.write_bytes(bytes(data))
+    import shutil
+    import tempfile
+
+    tmp = Path(tempfile.mkdtemp(prefix="cs-t-"))  # short: the cold boot's vLLM IPC sockets live under it
     env = {**os.environ, "COLDSTART_NODE_DIR": str(tmp_path / "node"),
-           "COLDSTART_LAZY_CACHE": str(tmp_path / "lazy-cache")}
+           "COLDSTART_LAZY_CACHE": str(tmp_path / "lazy-cache"), "TMPDIR": str(tmp)}
     err_path = tmp_path / "entry.err"
     with open(err_path, "w") as err:
         p = subprocess.Popen([sys.executable, "-m", "coldstart", "restore", ref, "--model", str(tiny_model_dir)],
@@ -269,13 +273,16 @@ def test_damage_found_after_ready_hands_the_port_to_a_cold_boot(registry, tiny_s
         assert EngineClient(url, timeout=300).complete("Hello", max_tokens=2).text is not None
         mounted = [Path(ln.split(" at ")[1].split()[0]) for ln in lines if ln.startswith("mounted ")]
         assert mounted and not os.path.ismount(mounted[0])  # unmounted before the cold boot
+        assert list(tmp.glob("coldstart-cold-*"))  # the cold boot's run dir, while it serves
         p.send_signal(signal.SIGTERM)
         assert p.wait(timeout=120) is not None
+        assert not list(tmp.glob("coldstart-cold-*"))  # gone with its server
     finally:
         if p.poll() is None:
             p.kill()
             p.wait()
         blob.write_bytes(original)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_a_no_serve_restores_mount_goes_with_the_next_restore_once_its_server_is_gone(registry, tiny_snapshot,

@@ -381,7 +381,12 @@ class EngineProcess:
                 p.unlink()
             except OSError:
                 pass
-        if self.scratch is not None:
+        self.remove_scratch()
+
+    def remove_scratch(self) -> None:
+        """Remove the run dir made for this server alone, once the server is gone (also for a tree
+        that exited on its own: a forwarded SIGTERM)."""
+        if self.scratch is not None and not self.alive():
             shutil.rmtree(self.scratch, ignore_errors=True)
             self.scratch = None
 

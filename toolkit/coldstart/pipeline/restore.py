@@ -137,12 +137,13 @@ class RestoreResult:
 
     def close(self, keep_runtime: bool = False) -> None:
         """What ``stop`` does once the server is gone: the forwarder closed, this restore's writable
-        state removed, its lazy mounts unmounted (``keep_runtime``: not the runtime's, which a cold
+        state (and a cold boot's scratch run dir) removed, its lazy mounts unmounted (``keep_runtime``: not the runtime's, which a cold
         boot in its place runs from)."""
         if self.forwarder is not None:
             self.forwarder.close()
             self.forwarder = None
         _reap(self.engine.root_pid)
+        self.engine.remove_scratch()
         if self.state is not None:
             self.state.release()
             self.state = None
