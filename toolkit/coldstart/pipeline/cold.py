@@ -18,8 +18,8 @@ def cold_start(model: Path | str, *, port: int, host: str = "127.0.0.1", engine_
     ``binds``: run it from a runtime mounted elsewhere (EngineSpec.binds), not this process's own.
 
     Returns (EngineProcess, Completion or None). Marks SERVER_UP, FIRST_TOKEN and READY on the
-    timeline. The run dir defaults to a fresh temp dir (never the snapshot's: that stays immutable), removed
-    when the server stops.
+    timeline. The run dir defaults to a fresh temp dir (never the snapshot's: that stays
+    immutable), removed when the server stops.
     """
     from coldstart.engine.client import EngineClient
     from coldstart.engine.launcher import EngineSpec, start_engine

@@ -137,8 +137,8 @@ class RestoreResult:
 
     def close(self, keep_runtime: bool = False) -> None:
         """What ``stop`` does once the server is gone: the forwarder closed, this restore's writable
-        state (and a cold boot's scratch run dir) removed, its lazy mounts unmounted (``keep_runtime``: not the runtime's, which a cold
-        boot in its place runs from)."""
+        state (and a cold boot's scratch run dir) removed, its lazy mounts unmounted
+        (``keep_runtime``: not the runtime's, which a cold boot in its place runs from)."""
         if self.forwarder is not None:
             self.forwarder.close()
             self.forwarder = None

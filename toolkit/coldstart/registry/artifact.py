@@ -31,6 +31,7 @@ import stat
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -447,9 +448,9 @@ def build_index(root: Path, *, chunk_size: int = CHUNK, pack_size: int = PACK, s
             kept.states[e.path] = before
         per_file[e.path] = out
 
-    with ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as ex:
-        _wait_saying([ex.submit(hash_file, e) for e in files], say,
-                     lambda: f"hashed {done[0] / 2**20:.0f} of {total / 2**20:.0f} MiB")
+    with _saying_every(10.0, say, lambda: f"hashed {done[0] / 2**20:.0f} of {total / 2**20:.0f} MiB"), \
+            ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as ex:
+        list(ex.map(hash_file, files))
     if kept is not None and kept.missed:
         say(f"{kept.held / 2**20:.0f} MiB of frames kept in memory, {kept.missed / 2**20:.0f} MiB over the "
             f"budget: those are read and compressed again as they are sent")
@@ -503,22 +504,21 @@ def build_index(root: Path, *, chunk_size: int = CHUNK, pack_size: int = PACK, s
                  compress=compress)
 
 
-def _wait_saying(futures: list, say: Say, progress: Callable[[], str],
-                 every: float = 10.0) -> None:
-    """Wait for ``futures`` (the first error raised, the rest cancelled); say ``progress()`` every
-    ``every`` seconds meanwhile: a 6 GB tree takes half a minute to hash."""
-    from concurrent.futures import FIRST_EXCEPTION, wait
+@contextmanager
+def _saying_every(every: float, say: Say, progress: Callable[[], str]):
+    """Say ``progress()`` every ``every`` seconds while the block runs: hashing a 6 GB tree takes
+    half a minute, a pull longer."""
+    stop = threading.Event()
 
-    pending = set(futures)
-    while pending:
-        done, pending = wait(pending, timeout=every, return_when=FIRST_EXCEPTION)
-        for f in done:
-            if f.exception() is not None:
-                for p in pending:
-                    p.cancel()
-                raise f.exception()
-        if pending:
+    def loop() -> None:
+        while not stop.wait(every):
             say(progress())
+
+    threading.Thread(target=loop, daemon=True).start()
+    try:
+        yield
+    finally:
+        stop.set()
 
 
 def _chunk_source(index: Index) -> dict[int, tuple[str, int]]:
@@ -856,21 +856,13 @@ def _materialize(index: Index, reg: Registry, stage: Path, threads: int, say: Sa
         if ci != p.chunks[1] or buf or "sha256:" + h.hexdigest() != p.digest:
             raise ArtifactError(f"{reg.ref}: pack {p.digest[:19]} is truncated or corrupt")
 
-    stop = threading.Event()
+    def progress() -> str:
+        dt = time.monotonic() - t0
+        return f"pulled {done[0] / 2**20:.0f}/{total / 2**20:.0f} MiB ({done[0] / 2**20 / max(dt, 1e-3):.0f} MiB/s)"
 
-    def progress() -> None:
-        while not stop.wait(2.0):
-            dt = time.monotonic() - t0
-            say(f"pulled {done[0] / 2**20:.0f}/{total / 2**20:.0f} MiB ({done[0] / 2**20 / max(dt, 1e-3):.0f} MiB/s)")
-
-    th = threading.Thread(target=progress, daemon=True)
-    th.start()
-    try:
-        with ThreadPoolExecutor(threads) as ex:
-            for f in [ex.submit(one, p) for p in index.packs]:
-                f.result()
-    finally:
-        stop.set()
+    with _saying_every(2.0, say, progress), ThreadPoolExecutor(threads) as ex:
+        for f in [ex.submit(one, p) for p in index.packs]:
+            f.result()
     for e in index.entries:
         p = stage / e.path
         if e.type == "symlink":

@@ -44,8 +44,9 @@ def push_command(
     """Publish TREE as an OCI artifact: an index (file → BLAKE3-addressed chunks) and packs of chunks
     in first-access order (the access profile's). Blobs the registry already has are not sent again.
     The tree is read and compressed once: the frames wait in memory (up to a quarter of what is
-    available; those over it are made again as they are sent). A snapshot is verified against its manifest's digests first: what a mount or a pull of it then
-    serves (every chunk checked against the index) is bytes that were verified.
+    available; those over it are made again as they are sent). A snapshot is verified against its
+    manifest's digests first: what a mount or a pull of it then serves (every chunk checked against
+    the index) is bytes that were verified.
     Credentials, if the registry asks: COLDSTART_REGISTRY_USER / COLDSTART_REGISTRY_PASSWORD."""
     from coldstart.registry.artifact import push, push_runtime
 
