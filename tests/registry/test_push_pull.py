@@ -286,6 +286,9 @@ def test_cli_push_pull_and_errors(registry, tree, tmp_path):
     p = subprocess.run([*cs, "push", str(tree), ref, "--chunk-kib", "64", "--pack-mib", "1"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
+    p = subprocess.run([*cs, "push", str(tree), f"{registry.host}/t/cli-made-again:v1", "--chunk-kib", "64",
+                        "--pack-mib", "1", "--memory-mib", "0"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "0 MiB of frames kept in memory" in p.stderr, p.stderr  # none kept, as asked
     p = subprocess.run([*cs, "pull", ref, str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     same_tree(tree, tmp_path / "out")

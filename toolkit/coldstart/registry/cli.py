@@ -40,19 +40,25 @@ def push_command(
                                    "runs from: its chunks are ordered by what that server maps from TREE (the "
                                    "snapshot's access profile), and `coldstart restore --runtime REF` mounts it "
                                    "lazily where the server expects it"),
+    memory_mib: int | None = typer.Option(
+        None, "--memory-mib", min=0, help="memory for the frames made while hashing, sent as made (default: a "
+                                          "quarter of what is available; 0: none kept, every pack read and "
+                                          "compressed again as it is sent)"),
 ) -> None:
     """Publish TREE as an OCI artifact: an index (file → BLAKE3-addressed chunks) and packs of chunks
     in first-access order (the access profile's). Blobs the registry already has are not sent again.
     The tree is read and compressed once: the frames wait in memory (up to a quarter of what is
-    available; those over it are made again as they are sent). A snapshot is verified against its
-    manifest's digests first: what a mount or a pull of it then serves (every chunk checked against
-    the index) is bytes that were verified.
+    available, or --memory-mib; those over it are made again as they are sent). A snapshot is
+    verified against its manifest's digests first: what a mount or a pull of it then serves (every
+    chunk checked against the index) is bytes that were verified.
     Credentials, if the registry asks: COLDSTART_REGISTRY_USER / COLDSTART_REGISTRY_PASSWORD."""
     from coldstart.registry.artifact import push, push_runtime
 
+    keep = None if memory_mib is None else memory_mib << 20
     if runtime_of is not None:
         res = push_runtime(tree, ref, runtime_ranges_of(tree, runtime_of), chunk_size=chunk_kib << 10,
-                           pack_size=pack_mib << 20, threads=threads, say=_say, compress=compress)
+                           pack_size=pack_mib << 20, threads=threads, say=_say, compress=compress,
+                           keep_bytes=keep)
         _say(f"pushed the runtime {tree} as {res.ref}@{res.manifest_digest[:19]}: {res.uploaded}/{res.blobs} blobs "
              f"uploaded ({res.uploaded_bytes / 2**20:.0f} of {res.total_bytes / 2**20:.0f} MiB) in {res.seconds:.1f} s")
         typer.echo(json.dumps({**res.__dict__}))
@@ -65,7 +71,7 @@ def push_command(
         _say(f"verifying {tree} against its manifest before publishing it")
         integrity.verify(tree, read_manifest(tree).files, mode="full")
     res = push(tree, ref, chunk_size=chunk_kib << 10, pack_size=pack_mib << 20, threads=threads, say=_say,
-               compress=compress)
+               compress=compress, keep_bytes=keep)
     _say(f"pushed {res.ref}@{res.manifest_digest[:19]}: {res.uploaded}/{res.blobs} blobs uploaded "
          f"({res.uploaded_bytes / 2**20:.0f} of {res.total_bytes / 2**20:.0f} MiB) in {res.seconds:.1f} s")
     typer.echo(json.dumps({**res.__dict__}))
