@@ -7,7 +7,8 @@ VARIANTS: {"name": {"method": "restore" | "restore+hostwarm" (default), "cache":
 (default: page cache dropped before the start) | "cold-snapshot" (after one unmeasured restore, only
 the snapshot's files evicted), "env": {...}, "forget": [paths under the node dir
 removed before the start, e.g. "criu-kdat"], "runtime": the OCI runtime its containers run under
-(default: docker_api.oci_runtime's choice), any other key: HostWarm's}}. The
+(default: docker_api.oci_runtime's choice), "pod": true (the container joins a pod's network
+namespace, run.create_pod, made before the page cache is dropped), any other key: HostWarm's}}. The
 snapshots are `coldstart bench container`'s (made in IMAGE under /var/tmp/coldstart-bench-container
 when missing); each is first restored once as new to the node (its access profile recorded), then
 the variants alternate, REPS times. A warm variant follows one unmeasured restore of its own. One
@@ -23,7 +24,8 @@ from pathlib import Path
 from coldstart.bench import containers as bc
 from coldstart.bench import host
 from coldstart.warm.residency import drop_caches, evict_all
-from coldstart.containers import docker_api
+from coldstart.containers import docker_api, run
+from coldstart.engine.launcher import free_port
 from coldstart.state import node_dir
 
 image, sizes, reps, out_path, variants = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3]), sys.argv[4], json.loads(sys.argv[5])
@@ -43,19 +45,24 @@ with host.memory_kept() if keep else contextlib.nullcontext(), open(out_path, "a
         for size, (model, snap) in cases.items():
             for name, v in variants.items():
                 method, env = v.get("method", "restore+hostwarm"), v.get("env")
-                shape = {k: x for k, x in v.items() if k not in ("method", "cache", "env", "forget", "runtime")}
+                shape = {k: x for k, x in v.items() if k not in ("method", "cache", "env", "forget", "runtime", "pod")}
                 if "runtime" in v:  # what oci_runtime answers for this daemon from now on
                     docker_api._runtimes_seen[str(c.api.base_url)] = v["runtime"]
                 forget = lambda: [shutil.rmtree(node_dir() / f, ignore_errors=True) for f in v.get("forget", [])]  # noqa: E731
                 forget()
+                pod = run.create_pod(c, image, free_port()) if v.get("pod") else None
                 if v.get("cache") in ("warm", "cold-snapshot"):
-                    bc.one_start(c, image, method, model, snap, layers, env=env)
+                    bc.one_start(c, image, method, model, snap, layers, env=env, pod=pod)
                     forget()
                     if v["cache"] == "cold-snapshot":
                         evict_all([snap])
                 else:
                     drop_caches()
-                r = bc.one_start(c, image, method, model, snap, layers, host_warm=shape, env=env)
+                try:
+                    r = bc.one_start(c, image, method, model, snap, layers, host_warm=shape, env=env, pod=pod)
+                finally:
+                    if pod is not None:
+                        pod.remove(force=True)
                 r.update(size=size, variant=name, rep=rep)
                 out.write(json.dumps(r) + "\n")
                 out.flush()
@@ -64,6 +71,10 @@ for size in cases:
     for name in variants:
         rs = [r for r in rows if r["size"] == size and r["variant"] == name and "first_token_s" in r]
         ev = lambda a, b: [round(r["events"][b] - r["events"][a], 3) for r in rs if a in r.get("events", {})]  # noqa: E731
+        es = [r for r in rows if r["size"] == size and r["variant"] == name and "entry_s" in r]
+        if es:
+            print(size, name, "started", statistics.median(r["started_s"] for r in es), "exec",
+                  statistics.median(r["exec_s"] for r in es), "entry", statistics.median(r["entry_s"] for r in es))
         print(size, name, "first token median", statistics.median([r["first_token_s"] for r in rs]) if rs else None,
               "all", sorted(r["first_token_s"] for r in rs), "reload", ev("WAKE_WEIGHTS", "WEIGHTS_LOADED"),
               "canary", ev("WAKE_KV", "VERIFIED"))

@@ -226,6 +226,26 @@ def test_three_containers_restore_the_same_read_only_snapshot_at_once(docker_cli
             ctr.remove(force=True)
 
 
+def test_a_restore_in_a_pods_network_namespace_serves_through_the_pods_port(docker_client, app_image,
+                                                                            container_snapshot, tiny_model_dir):
+    """As kubelet runs a pod's containers: the pod's sandbox holds the network namespace and the port,
+    the restore's container joins it and has no network of its own."""
+    port = free_port()
+    pod = run.create_pod(docker_client, app_image.tag, port)
+    try:
+        ctr = run.create_restore(docker_client, app_image.tag, container_snapshot, tiny_model_dir, port, pod=pod)
+        try:
+            assert ctr.attrs["HostConfig"]["NetworkMode"] == f"container:{pod.id}"
+            ctr.start()
+            summary = _summary(ctr, 300)
+            assert summary["restored"] is True and summary["canary_ok"], summary
+            assert _completion(port, str(tiny_model_dir))["choices"][0]["text"]
+        finally:
+            ctr.remove(force=True)
+    finally:
+        pod.remove(force=True)
+
+
 def test_a_missing_capability_is_named_and_the_cold_boot_serves(docker_client, app_image, container_snapshot,
                                                                 tiny_model_dir):
     port = free_port()

@@ -5,11 +5,12 @@ Naive: the runtime image running vLLM's OpenAI server as a user would (docker's 
 1 GiB /dev/shm). Restore: the image's entrypoint restoring a snapshot that was checkpointed in a
 container, mounted read-only, least privilege (run.RESTORE_SECURITY). Restore + host warming: the
 same, with the host warming the snapshot from the create call on, overlapped with container create
-and start. Each container is on our bridge network with its port published. Cold cells drop the page
-cache first (the snapshot, the image's files, the model); the methods' order turns every repetition.
+and start. Each container is on our bridge network with its port published, or (``--network pod``)
+joins a pod's network namespace made before the clock. Cold cells drop the page cache first (the snapshot, the image's files, the model); the methods' order turns every repetition.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -43,7 +44,8 @@ def wait_port_closed(port: int, timeout: float = 60.0) -> None:
 
 
 def one_start(c, image: str, method: str, model: Path, snap: Path, layers: list[Path] | None = None,
-              host_warm: dict | None = None, env: dict[str, str] | None = None, decoy: Path | None = None) -> dict:
+              host_warm: dict | None = None, env: dict[str, str] | None = None, decoy: Path | None = None,
+              pod=None) -> dict:
     """One container start, timed from the docker-py create call (COLDSTART_T0, passed in) to the first
     completion through the published port. ``method``: naive | restore | restore+hostwarm |
     restore+load | entry | entry+hostwarm (``layers``: the image's layer dirs,
@@ -54,13 +56,15 @@ def one_start(c, image: str, method: str, model: Path, snap: Path, layers: list[
     restore's container, same image, mounts, network and security, running only what the entrypoint
     does before ENTRY_READY (ENTRY_PROBE), to its end ("entry_s") and its first line of Python
     ("exec_s"), from the create call; entry+hostwarm: the same while the host warms the snapshot as
-    for restore+hostwarm (cancelled when it ends)."""
+    for restore+hostwarm (cancelled when it ends). ``pod``: a running run.create_pod container whose network
+    namespace (and published port) the container joins, made by the caller before the clock, as
+    kubelet makes a pod's sandbox before its containers; None: the container's own, on our bridge."""
     from coldstart.containers import run
     from coldstart.engine.launcher import free_port
     from coldstart.bench.warm import block_device, device_read_bytes, host_cpu_busy_s
 
     dev = block_device(snap)
-    port = free_port()
+    port = free_port() if pod is None else run.pod_port(pod)
     read0 = device_read_bytes(dev)
     busy0 = host_cpu_busy_s()
     t0, wall0 = time.monotonic(), time.time()
@@ -75,20 +79,21 @@ def one_start(c, image: str, method: str, model: Path, snap: Path, layers: list[
     name = f"coldstart-bench-{os.getpid()}-{next(_SEQ)}"
     try:
         if method == "naive":
-            ctr = run.create_naive(c, image, model, port, name=name)
+            ctr = run.create_naive(c, image, model, port, name=name, pod=pod)
         elif method.startswith("entry"):
             ctr = run.create_restore(c, image, snap, model, port, name=name, entrypoint=["python", "-c", ENTRY_PROBE],
-                                     host_warms=method == "entry+hostwarm")
+                                     host_warms=method == "entry+hostwarm", pod=pod)
         else:
             ctr = run.create_restore(c, image, snap, model, port, name=name,
                                      env={**(env or {}), "COLDSTART_T0": repr(wall0)},
-                                     host_warms=method == "restore+hostwarm")
+                                     host_warms=method == "restore+hostwarm", pod=pod)
     except BaseException:
         _remove_named(c, name)
         if warmer is not None:
             warmer.cancel()
         raise
-    row: dict = {"created_s": round(time.monotonic() - t0, 3)}
+    row: dict = {} if pod is None else {"network": "pod"}
+    row["created_s"] = round(time.monotonic() - t0, 3)
     try:
         ctr.start()
         row["started_s"] = round(time.monotonic() - t0, 3)
@@ -261,7 +266,7 @@ def disk_probe(snap: Path) -> float:
 
 def run_bench(c, image: str, cases: list[tuple[str, Path, Path]], *, reps: int, caches: tuple[str, ...],
               say: Say = print, methods: tuple[str, ...] = ("naive", "restore", "restore+hostwarm"),
-              naive_reps: int | None = None) -> list[dict]:
+              naive_reps: int | None = None, network: str = "bridge") -> list[dict]:
     """``cases``: (case label, model dir, snapshot dir); two cases of one model (two layouts) share its
     naive starts, run with the first. One record per (case, method, cache, rep). ``caches``: warm;
     cold (the whole page cache dropped before each start); cold-snapshot (a node that runs containers:
@@ -274,9 +279,11 @@ def run_bench(c, image: str, cases: list[tuple[str, Path, Path]], *, reps: int, 
     first on this node (row "first-on-node"). A warm restore cell follows one unmeasured restore of
     the same snapshot (row "prewarm"): else whatever ran before it (a naive start, a dropped cache)
     decides what "warm" holds. ``naive_reps``: repetitions of the naive start (minutes each for the
-    bench model), the first ones; default ``reps``."""
+    bench model), the first ones; default ``reps``. ``network``: bridge (each container its own
+    network namespace on our bridge, its port published: ``docker run -p``) or pod (each start joins a
+    pod's, run.create_pod, made before the cell's page cache is dropped and removed after it: what
+    kubelet runs)."""
     from coldstart.containers.docker_api import image_layers
-    from coldstart.warm.residency import drop_caches
 
     layers = image_layers(c, image)
     decoys = {snap: make_decoy(snap) for _, _, snap in cases} if "restore+load" in methods else {}
@@ -302,30 +309,55 @@ def run_bench(c, image: str, cases: list[tuple[str, Path, Path]], *, reps: int, 
                       and not (m == "naive" and (rep >= (reps if naive_reps is None else naive_reps)
                                                  or naive_case[model] != size))]
                 for method in (ms if rep % 2 == 0 else ms[::-1]):
-                    decoy = decoys.get(snap)
-                    probe0 = None
-                    if cache == "cold":
-                        probe0 = disk_probe(snap)
-                        drop_caches()
-                    elif cache == "cold-snapshot" or method in ("restore", "restore+load"):
-                        # one unmeasured restore first: the cache a warm restore finds, or (cold-snapshot)
-                        # docker, the image and the node dir as a restore leaves them, the snapshot evicted
-                        rows.append({"size": size, "method": "prewarm", "cache": cache, "rep": rep,
-                                     **one_start(c, image, "restore", model, snap, layers)})
-                        say(json.dumps(rows[-1]))
-                        if cache == "cold-snapshot":
-                            probe0 = disk_probe(snap)
-                            evict_all([snap])
-                    elif method == "entry":  # warm: the image's files as a restore just left them
-                        one_start(c, image, "entry", model, snap, layers)
-                    if method == "restore+load":
-                        evict_all([decoy])
-                    row = {"size": size, "method": method, "cache": cache, "rep": rep, "model": model.name,
-                           **one_start(c, image, method, model, snap, layers, decoy=decoy)}
-                    if probe0 is not None:  # the disk's speed around this start (disk_probe)
-                        row["disk_probe_bytes_s"] = [probe0, disk_probe(snap)]
-                    rows.append(row)
-                    say(json.dumps(row))
+                    with _pod_if(c, image, network == "pod") as pod:
+                        rows.extend(_cell(c, image, size, model, snap, layers, method, cache, rep, decoys.get(snap),
+                                          pod, say))
+    return rows
+
+
+@contextlib.contextmanager
+def _pod_if(c, image: str, wanted: bool):
+    """A pod's sandbox (run.create_pod) for one cell's starts when ``wanted``, removed after; else None."""
+    from coldstart.containers import run
+    from coldstart.engine.launcher import free_port
+
+    pod = run.create_pod(c, image, free_port()) if wanted else None
+    try:
+        yield pod
+    finally:
+        if pod is not None:
+            pod.remove(force=True)
+
+
+def _cell(c, image: str, size: str, model: Path, snap: Path, layers, method: str, cache: str, rep: int,
+          decoy: Path | None, pod, say: Say) -> list[dict]:
+    """One measured start of run_bench (and what prepares its page cache): its rows."""
+    from coldstart.warm.residency import drop_caches
+
+    rows: list[dict] = []
+    probe0 = None
+    if cache == "cold":
+        probe0 = disk_probe(snap)
+        drop_caches()
+    elif cache == "cold-snapshot" or method in ("restore", "restore+load"):
+        # one unmeasured restore first: the cache a warm restore finds, or (cold-snapshot)
+        # docker, the image and the node dir as a restore leaves them, the snapshot evicted
+        rows.append({"size": size, "method": "prewarm", "cache": cache, "rep": rep,
+                     **one_start(c, image, "restore", model, snap, layers, pod=pod)})
+        say(json.dumps(rows[-1]))
+        if cache == "cold-snapshot":
+            probe0 = disk_probe(snap)
+            evict_all([snap])
+    elif method == "entry":  # warm: the image's files as a restore just left them
+        one_start(c, image, "entry", model, snap, layers, pod=pod)
+    if method == "restore+load":
+        evict_all([decoy])
+    row = {"size": size, "method": method, "cache": cache, "rep": rep, "model": model.name,
+           **one_start(c, image, method, model, snap, layers, decoy=decoy, pod=pod)}
+    if probe0 is not None:  # the disk's speed around this start (disk_probe)
+        row["disk_probe_bytes_s"] = [probe0, disk_probe(snap)]
+    rows.append(row)
+    say(json.dumps(row))
     return rows
 
 

@@ -236,6 +236,10 @@ def bench_container(
     work: Path = typer.Option(Path("/var/tmp/coldstart-bench-container"), help="where the snapshots are kept"),
     out: Path = typer.Option(Path("results/container"), help="results directory (raw.jsonl, table.md, COMMAND)"),
     keep_memory: bool = typer.Option(False, "--keep-memory", help=KEEP_MEMORY_HELP),
+    network: str = typer.Option("bridge", help="bridge: each container its own network namespace on our bridge, "
+                                "its port published (`docker run -p`); pod: each joins a pod's network namespace "
+                                "made before the clock and before the page cache is dropped, as kubelet runs a "
+                                "pod's containers (no network set up at their start)"),
     host: Optional[str] = typer.Option(None, "--host", help=HOST_HELP),
 ) -> None:
     """Container restore (with and without host warming overlapped with create) vs the naive container
@@ -255,14 +259,17 @@ def bench_container(
         if bad or not split(given):
             raise typer.BadParameter(f"{', '.join(map(repr, bad)) or 'none given'}: choose from {', '.join(known)}",
                                      param_hint=opt)
+    if network not in ("bridge", "pod"):
+        raise typer.BadParameter(f"{network!r}: choose from bridge, pod", param_hint="--network")
     c = docker_api.client(host)
     img = image.app_image(c, Path(__file__).resolve().parents[3], say=say)
     cases = [(cbench.case_label(size, layout), *cbench.snapshot_in_container(c, img.tag, size, work, say, layout))
              for size in split(sizes) for layout in split(layouts)]
     with hostwatch.kept_if(keep_memory, say=say):
         rows = cbench.run_bench(c, img.tag, cases, reps=reps, caches=tuple(split(caches)), say=say,
-                                naive_reps=naive_reps, methods=tuple(split(methods)))
-    host_line = hostwatch.line(f"docker {docker_api.daemon_facts(c).version}", f"image {img.tag}")
+                                naive_reps=naive_reps, methods=tuple(split(methods)), network=network)
+    host_line = hostwatch.line(f"docker {docker_api.daemon_facts(c).version}", f"image {img.tag}",
+                               f"network {network}")
     command = "coldstart bench container " + " ".join(shlex.quote(a) for a in sys.argv[3:])
     table = cbench.render(rows, host_line, command)
     write_results(out, rows, table, command)

@@ -16,7 +16,9 @@ Network: every container is on our bridge network (docker_api.NETWORK: its own n
 like a pod) with the server's port published on the host's loopback. The checkpoint's server
 listens on the container's port on every interface (``--listen 0.0.0.0``), so a restore serves it
 with no relay; its gate (coldstart.engine.gate) answers the network 503 until the restore's canary
-passed. Each replica has its own network namespace: any number of one snapshot run at once.
+passed. Each replica has its own network namespace: any number of one snapshot run at once. Or a
+container joins a pod's (``create_pod``: a container that only holds a network namespace and the
+published port, as a Kubernetes pod's sandbox does), and docker sets up no network at its start.
 """
 from __future__ import annotations
 
@@ -189,7 +191,7 @@ def checkpoint(c, image: str, model: Path, out: Path | str, *, extra: list[str] 
 def create_restore(c, image: str, snapshot: Path | str, model: Path, host_port: int, *, name: str | None = None,
                    extra: list[str] | None = None, security: dict[str, Any] | None = None,
                    env: dict[str, str] | None = None, node: Path | None | bool = True,
-                   host_warms: bool = False, entrypoint: list[str] | None = None, lazy=None):
+                   host_warms: bool = False, entrypoint: list[str] | None = None, lazy=None, pod=None):
     """A created (not started) container whose entrypoint restores ``snapshot`` (a directory, or a packed
     image: ``image_mount``; bound read-only at /snapshot; or volume:NAME, a named volume holding one:
     ``checkpoint``), with a tmpfs for its per-replica state and its port published on 127.0.0.1:``host_port``.
@@ -202,6 +204,8 @@ def create_restore(c, image: str, snapshot: Path | str, model: Path, host_port: 
     entrypoint's own start. ``lazy``: ``snapshot`` is this lazy mount of the host's (registry.mount.Mount):
     its daemon's log and index are bound read-only, so that the entrypoint names a chunk the registry
     serves damaged and, found after READY, replaces the restored server by a cold boot, as on a host.
+    ``pod``: a running ``create_pod`` container whose network namespace this one joins (``host_port``
+    is then the pod's, published when the pod was made).
     Creating and starting are separate so that the caller can time each (and warm in between)."""
     from coldstart.containers import docker_api
 
@@ -233,11 +237,42 @@ def create_restore(c, image: str, snapshot: Path | str, model: Path, host_port: 
         env[REF_ENV] = lazy.damage.name
     argv = [arg0, *(extra or [])] if entrypoint is None else entrypoint[1:]
     kw = {} if entrypoint is None else {"entrypoint": entrypoint[:1]}
-    return _create(c, image, argv, name=name, shm_size=SHM_SIZE, **kw,
-                   network=docker_api.ensure_network(c), tmpfs=STATE_TMPFS,
-                   ports={f"{CONTAINER_PORT}/tcp": ("127.0.0.1", host_port)}, environment=env,
-                   volumes=volumes, runtime=docker_api.oci_runtime(c),
+    return _create(c, image, argv, name=name, shm_size=SHM_SIZE, **kw, **_network(c, host_port, pod),
+                   tmpfs=STATE_TMPFS, environment=env, volumes=volumes, runtime=docker_api.oci_runtime(c),
                    **(RESTORE_SECURITY if security is None else security))
+
+
+def _network(c, host_port: int, pod) -> dict[str, Any]:
+    """A container's own network namespace on our bridge with its port published, or ``pod``'s."""
+    from coldstart.containers import docker_api
+
+    if pod is not None:
+        return {"network_mode": f"container:{pod.id}"}
+    return {"network": docker_api.ensure_network(c), "ports": {f"{CONTAINER_PORT}/tcp": ("127.0.0.1", host_port)}}
+
+
+def create_pod(c, image: str, host_port: int, *, name: str | None = None):
+    """A started container that only holds a network namespace (our bridge, CONTAINER_PORT published on
+    127.0.0.1:``host_port``) for others to join, as a Kubernetes pod's sandbox does before kubelet
+    creates the pod's containers. A container that joins it (``create_restore(pod=...)``) has no
+    network set up at its start: docker neither makes its veth nor runs its own binary as the
+    network's prestart hook (docs/containers.md, "Pod-shaped containers")."""
+    from coldstart.containers import docker_api
+
+    ctr = _create(c, image, ["infinity"], entrypoint=["sleep"], name=name, cap_drop=["ALL"],
+                  runtime=docker_api.oci_runtime(c), **_network(c, host_port, None))
+    try:
+        ctr.start()
+        ctr.reload()
+    except BaseException:
+        ctr.remove(force=True)
+        raise
+    return ctr
+
+
+def pod_port(pod) -> int:
+    """The host port a ``create_pod`` container publishes CONTAINER_PORT on."""
+    return int(pod.attrs["HostConfig"]["PortBindings"][f"{CONTAINER_PORT}/tcp"][0]["HostPort"])
 
 
 def _create(c, image: str, argv: list[str], **kw):
@@ -654,17 +689,17 @@ def host_warm(snapshot: Path, layers: list[Path] | None = None, **shape) -> Host
 
 
 def create_naive(c, image: str, model: Path, host_port: int, kv_cache_bytes: int = 256 << 20,
-                 extra: list[str] | None = None, name: str | None = None):
+                 extra: list[str] | None = None, name: str | None = None, pod=None):
     """The naive start a user would write: vLLM's OpenAI server in the runtime image, docker's default
     security, the model mounted read-only, the same network and port publishing as a restore.
-    ``extra``: more vLLM arguments (e.g. ``--enforce-eager``, the flag our servers run with)."""
+    ``extra``: more vLLM arguments (e.g. ``--enforce-eager``, the flag our servers run with); ``pod``:
+    as for ``create_restore``."""
     from coldstart.containers import docker_api
 
     model = hf_model_dir(model)
     return _create(c, image, ["-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                               "--host", "0.0.0.0", "--port", str(CONTAINER_PORT), "--seed", "0",
                               "--kv-cache-memory-bytes", str(kv_cache_bytes), *(extra or [])],
-                   entrypoint=["python3"], name=name, shm_size=SHM_SIZE, network=docker_api.ensure_network(c),
-                   ports={f"{CONTAINER_PORT}/tcp": ("127.0.0.1", host_port)},
+                   entrypoint=["python3"], name=name, shm_size=SHM_SIZE, **_network(c, host_port, pod),
                    volumes={str(model): {"bind": str(model), "mode": "ro"}},
                    runtime=docker_api.oci_runtime(c))
