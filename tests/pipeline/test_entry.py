@@ -111,3 +111,20 @@ def test_command_lists_show_each_commands_first_sentence_on_one_line():
     row = next(ln for ln in snap.stdout.splitlines() if ln.strip("│ ").startswith("verify "))
     assert row.split("verify", 1)[1].strip(" │") == \
         "Check every file's digests now and remember the result on this node (restores then skip it)."
+
+
+def test_a_failed_restores_criu_log_outlives_its_directory(tmp_path, monkeypatch):
+    """The error names a copy under the state dir's failed/ (the latest FAILED_LOGS_KEPT): the
+    restore's own directory, where CRIU wrote the log, is removed as the restore fails."""
+    from coldstart.pipeline import restore as r
+
+    monkeypatch.setenv("COLDSTART_STATE_DIR", str(tmp_path / "state"))
+    log = tmp_path / "restore.log"
+    for n in range(r.FAILED_LOGS_KEPT + 3):
+        log.write_text(f"Error (criu/files.c:1221): attempt {n}\n")
+        kept = r._keep_failed_log(log, f"snap-{n}")
+        os.utime(kept, (n, n))  # one per second, oldest first
+    assert kept == tmp_path / "state" / "failed" / f"snap-{r.FAILED_LOGS_KEPT + 2}-restore.log"
+    assert kept.read_text() == log.read_text()
+    assert len(list(kept.parent.iterdir())) == r.FAILED_LOGS_KEPT and not (kept.parent / "snap-0-restore.log").exists()
+    assert r._keep_failed_log(tmp_path / "gone.log", "x") == tmp_path / "gone.log"  # nothing to copy: as it was

@@ -39,3 +39,9 @@ def profiles_dir() -> Path:
 def restores_dir() -> Path:
     """One writable directory per restore (its server's run dir overlay, CRIU's logs)."""
     return state_dir() / "restores"
+
+
+def failed_dir() -> Path:
+    """CRIU's logs of the restores that failed here (the latest few): a failed restore's own directory
+    goes with it, and its error names the copy kept here."""
+    return state_dir() / "failed"

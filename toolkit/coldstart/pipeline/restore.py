@@ -920,6 +920,26 @@ def _criu_start(criu: str, mmap: bool, snap: Path, m: Manifest, st: RestoreState
     return popen
 
 
+FAILED_LOGS_KEPT = 20
+
+
+def _keep_failed_log(log: Path, name: str) -> Path:
+    """A copy of a failed restore's CRIU log that outlives the restore's directory (state.failed_dir,
+    the latest FAILED_LOGS_KEPT); ``log`` itself where it cannot be copied."""
+    from coldstart.state import failed_dir
+
+    try:
+        d = failed_dir()
+        d.mkdir(parents=True, exist_ok=True)
+        kept = d / f"{name}-restore.log"
+        shutil.copyfile(log, kept)
+        for old in sorted(d.glob("*-restore.log"), key=lambda f: f.stat().st_mtime)[:-FAILED_LOGS_KEPT]:
+            old.unlink(missing_ok=True)
+        return kept
+    except OSError:
+        return log
+
+
 def _criu_wait(popen: subprocess.Popen, snap: Path, m: Manifest, st: RestoreState, tl: Timeline,
                undo: contextlib.ExitStack, timeout: float):
     """Wait until CRIU has resumed the tree; returns the attached engine."""
@@ -932,7 +952,8 @@ def _criu_wait(popen: subprocess.Popen, snap: Path, m: Manifest, st: RestoreStat
         if popen.poll() is not None:
             stderr = (st.dir / "criu.stderr").read_text(errors="replace").strip()
             _criu.forget_node_kerndat()  # the facts copied from the node may be why: the next restore probes
-            raise RestoreFailed(f"criu restore failed (log {log}): {_criu._log_tail(log) or stderr[-300:]}")
+            raise RestoreFailed(f"criu restore failed (log {_keep_failed_log(log, st.dir.name)}): "
+                                f"{_criu._log_tail(log) or stderr[-300:]}")
         if time.monotonic() > deadline:
             popen.kill()
             popen.wait()
