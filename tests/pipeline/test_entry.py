@@ -128,3 +128,21 @@ def test_a_failed_restores_criu_log_outlives_its_directory(tmp_path, monkeypatch
     assert kept.read_text() == log.read_text()
     assert len(list(kept.parent.iterdir())) == r.FAILED_LOGS_KEPT and not (kept.parent / "snap-0-restore.log").exists()
     assert r._keep_failed_log(tmp_path / "gone.log", "x") == tmp_path / "gone.log"  # nothing to copy: as it was
+
+
+def test_a_failed_restore_names_the_first_error_of_criu_s_log(tmp_path, monkeypatch):
+    """When one restored task fails, the others fail after it and CRIU's last lines are theirs: the
+    one line names the first error, which restore() matches to retry in a private network."""
+    from coldstart.pipeline import restore as r
+
+    monkeypatch.setenv("COLDSTART_STATE_DIR", str(tmp_path / "state"))
+    log = tmp_path / "restore.log"
+    log.write_text("(00.1) 85: Error (criu/sk-inet.c:1003): Can't connect inet socket back: Address already in use\n"
+                   "(00.2) 59: Error (criu/files.c:1104): Can't sent fd 31 to 85\n"
+                   "(00.2) 59: Error (criu/files.c:1221): Unable to open fd=31 id=0xe1\n"
+                   "(00.3) Error (criu/cr-restore.c:1269): 59 exited, status=1\n"
+                   "(00.3) Error (criu/cr-restore.c:2335): Restoring FAILED.\n")
+    said = r._criu_failure(log, "", "snap-1")
+    assert said.startswith(f"criu restore failed (log {tmp_path / 'state' / 'failed' / 'snap-1-restore.log'}): "
+                           "Can't connect inet socket back: Address already in use"), said
+    assert r._criu_failure(tmp_path / "none.log", "criu: not found", "x").endswith("): criu: not found")

@@ -30,6 +30,7 @@ from typing import Callable
 from coldstart.criu import caps
 from coldstart.criu import layout as _layout
 from coldstart.criu import server as _criu
+from coldstart.criu import logs as criu_logs
 from coldstart.criu.restore import alive
 from coldstart.engine.launcher import client_host, free_port
 from coldstart.errors import ColdstartError
@@ -940,6 +941,14 @@ def _keep_failed_log(log: Path, name: str) -> Path:
         return log
 
 
+def _criu_failure(log: Path, stderr: str, name: str) -> str:
+    """A failed CRIU restore in one line: the log's first errors, the cause (e.g. a dumped
+    connection's address still taken, which restore() retries in a private network), not its last
+    (the tasks that failed after it), and where the log is kept."""
+    said = criu_logs.summarize(log) if log.is_file() else stderr[-300:]
+    return f"criu restore failed (log {_keep_failed_log(log, name)}): {said}"
+
+
 def _criu_wait(popen: subprocess.Popen, snap: Path, m: Manifest, st: RestoreState, tl: Timeline,
                undo: contextlib.ExitStack, timeout: float):
     """Wait until CRIU has resumed the tree; returns the attached engine."""
@@ -952,8 +961,7 @@ def _criu_wait(popen: subprocess.Popen, snap: Path, m: Manifest, st: RestoreStat
         if popen.poll() is not None:
             stderr = (st.dir / "criu.stderr").read_text(errors="replace").strip()
             _criu.forget_node_kerndat()  # the facts copied from the node may be why: the next restore probes
-            raise RestoreFailed(f"criu restore failed (log {_keep_failed_log(log, st.dir.name)}): "
-                                f"{_criu._log_tail(log) or stderr[-300:]}")
+            raise RestoreFailed(_criu_failure(log, stderr, st.dir.name))
         if time.monotonic() > deadline:
             popen.kill()
             popen.wait()
