@@ -24,8 +24,7 @@ from pathlib import Path
 from coldstart.bench import containers as bc
 from coldstart.bench import host
 from coldstart.warm.residency import drop_caches, evict_all
-from coldstart.containers import docker_api, run
-from coldstart.engine.launcher import free_port
+from coldstart.containers import docker_api
 from coldstart.state import node_dir
 
 image, sizes, reps, out_path, variants = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3]), sys.argv[4], json.loads(sys.argv[5])
@@ -50,19 +49,15 @@ with host.memory_kept() if keep else contextlib.nullcontext(), open(out_path, "a
                     docker_api._runtimes_seen[str(c.api.base_url)] = v["runtime"]
                 forget = lambda: [shutil.rmtree(node_dir() / f, ignore_errors=True) for f in v.get("forget", [])]  # noqa: E731
                 forget()
-                pod = run.create_pod(c, image, free_port()) if v.get("pod") else None
-                if v.get("cache") in ("warm", "cold-snapshot"):
-                    bc.one_start(c, image, method, model, snap, layers, env=env, pod=pod)
-                    forget()
-                    if v["cache"] == "cold-snapshot":
-                        evict_all([snap])
-                else:
-                    drop_caches()
-                try:
+                with bc.pod_if(c, image, v.get("pod", False)) as pod:
+                    if v.get("cache") in ("warm", "cold-snapshot"):
+                        bc.one_start(c, image, method, model, snap, layers, env=env, pod=pod)
+                        forget()
+                        if v["cache"] == "cold-snapshot":
+                            evict_all([snap])
+                    else:
+                        drop_caches()
                     r = bc.one_start(c, image, method, model, snap, layers, host_warm=shape, env=env, pod=pod)
-                finally:
-                    if pod is not None:
-                        pod.remove(force=True)
                 r.update(size=size, variant=name, rep=rep)
                 out.write(json.dumps(r) + "\n")
                 out.flush()

@@ -6,7 +6,8 @@ Naive: the runtime image running vLLM's OpenAI server as a user would (docker's 
 container, mounted read-only, least privilege (run.RESTORE_SECURITY). Restore + host warming: the
 same, with the host warming the snapshot from the create call on, overlapped with container create
 and start. Each container is on our bridge network with its port published, or (``--network pod``)
-joins a pod's network namespace made before the clock. Cold cells drop the page cache first (the snapshot, the image's files, the model); the methods' order turns every repetition.
+joins a pod's network namespace made before the clock. Cold cells drop the page cache first (the
+snapshot, the image's files, the model); the methods' order turns every repetition.
 """
 from __future__ import annotations
 
@@ -309,14 +310,14 @@ def run_bench(c, image: str, cases: list[tuple[str, Path, Path]], *, reps: int, 
                       and not (m == "naive" and (rep >= (reps if naive_reps is None else naive_reps)
                                                  or naive_case[model] != size))]
                 for method in (ms if rep % 2 == 0 else ms[::-1]):
-                    with _pod_if(c, image, network == "pod") as pod:
+                    with pod_if(c, image, network == "pod") as pod:
                         rows.extend(_cell(c, image, size, model, snap, layers, method, cache, rep, decoys.get(snap),
                                           pod, say))
     return rows
 
 
 @contextlib.contextmanager
-def _pod_if(c, image: str, wanted: bool):
+def pod_if(c, image: str, wanted: bool):
     """A pod's sandbox (run.create_pod) for one cell's starts when ``wanted``, removed after; else None."""
     from coldstart.containers import run
     from coldstart.engine.launcher import free_port

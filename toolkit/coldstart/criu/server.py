@@ -18,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from coldstart.criu import logs
 from coldstart.criu.dump import DumpOptions, dump_argv
 from coldstart.criu.restore import NOTIFY_SCRIPT, RestoreOptions, restore_argv as stage_restore_argv
 from coldstart.errors import ColdstartError
@@ -241,7 +242,8 @@ def dump(criu: str, pid: int, images: Path, log_dir: Path, timeout: float = 600,
             break
         time.sleep(5)
     if r.returncode != 0:
-        raise ColdstartError(f"criu dump of pid {pid} failed (log {log}): {_log_tail(log) or r.stderr.strip()[-300:]}")
+        why = logs.summarize(log) if log.is_file() else r.stderr.strip()[-300:]  # the first errors: the cause
+        raise ColdstartError(f"criu dump of pid {pid} failed (log {log}): {why}")
 
 
 def restore_argv(criu: str, images: Path, work_dir: Path, mmap_pages: bool) -> list[str]:
