@@ -34,7 +34,7 @@ def test_a_missing_path_is_one_line_and_creates_nothing(tmp_path, args, says):
 
 
 @pytest.mark.parametrize("cmd", [["container", "restore", "{tmp}", "--model", "{model}"],
-                                 ["container", "run-cold", "{model}"]])
+                                 ["container", "run-cold", "{model}"], ["container", "pod"]])
 def test_a_busy_port_is_one_line_before_any_container(tmp_path, cmd):
     import socket
 

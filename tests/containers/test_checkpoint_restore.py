@@ -226,24 +226,45 @@ def test_three_containers_restore_the_same_read_only_snapshot_at_once(docker_cli
             ctr.remove(force=True)
 
 
-def test_a_restore_in_a_pods_network_namespace_serves_through_the_pods_port(docker_client, app_image,
+def test_a_restore_in_a_pods_network_namespace_serves_through_the_pods_port(docker_host, docker_client, app_image,
                                                                             container_snapshot, tiny_model_dir):
-    """As kubelet runs a pod's containers: the pod's sandbox holds the network namespace and the port,
-    the restore's container joins it and has no network of its own."""
+    """As kubelet runs a pod's containers: `coldstart container pod` starts the pod's sandbox, which holds
+    the network namespace and the port; `container restore --pod` joins it (no network of its own) and
+    serves through the pod's port. A pod that is not there, or a --port that is not the pod's, is one
+    line before any container is made."""
+    import os
+    import subprocess
+    import sys
+
+    def cs(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "coldstart", "container", *args, "--host", docker_host],
+                              capture_output=True, text=True, timeout=timeout)
+
     port = free_port()
-    pod = run.create_pod(docker_client, app_image.tag, port)
+    pod_name, name = f"coldstart-test-pod-{os.getpid()}", f"coldstart-test-in-pod-{os.getpid()}"
     try:
-        ctr = run.create_restore(docker_client, app_image.tag, container_snapshot, tiny_model_dir, port, pod=pod)
-        try:
-            assert ctr.attrs["HostConfig"]["NetworkMode"] == f"container:{pod.id}"
-            ctr.start()
-            summary = _summary(ctr, 300)
-            assert summary["restored"] is True and summary["canary_ok"], summary
-            assert _completion(port, str(tiny_model_dir))["choices"][0]["text"]
-        finally:
-            ctr.remove(force=True)
+        p = cs("pod", "--port", str(port), "--name", pod_name)
+        assert p.returncode == 0, p.stderr[-3000:]
+        made = json.loads(p.stdout.strip().splitlines()[-1])
+        assert made["pod"] == pod_name and made["url"] == f"http://127.0.0.1:{port}", made
+        for args, says in ((["--pod", f"{pod_name}-gone"], f"docker has no container {pod_name}-gone"),
+                           (["--pod", pod_name, "--port", str(port + 1)],
+                            f"--port {port + 1}: pod {pod_name} publishes the server's port on {port}")):
+            p = cs("restore", str(container_snapshot), "--model", str(tiny_model_dir), *args, timeout=120)
+            lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+            assert p.returncode != 0 and len(lines) == 1 and says in lines[0], p.stderr[-2000:]
+        p = cs("restore", str(container_snapshot), "--model", str(tiny_model_dir), "--pod", pod_name,
+               "--name", name)
+        assert p.returncode == 0, p.stderr[-3000:]
+        out = json.loads(p.stdout.strip().splitlines()[-1])
+        assert out["restored"] is True and out["canary_ok"], out
+        assert out["url"] == f"http://127.0.0.1:{port}", out
+        ctr = docker_client.containers.get(name)
+        assert ctr.attrs["HostConfig"]["NetworkMode"] == f"container:{docker_client.containers.get(pod_name).id}"
+        assert _completion(port, str(tiny_model_dir))["choices"][0]["text"]
     finally:
-        pod.remove(force=True)
+        _remove(docker_client, name)
+        _remove(docker_client, pod_name)
 
 
 def test_a_missing_capability_is_named_and_the_cold_boot_serves(docker_client, app_image, container_snapshot,

@@ -14,6 +14,27 @@ container_app = typer.Typer(no_args_is_help=True, help="The runtime image and co
                             "scripts/start-docker).")
 
 HOST_HELP = "dockerd address (default: $COLDSTART_DOCKER_HOST, $DOCKER_HOST, else scripts/start-docker's socket)"
+DEFAULT_PORT = 8000
+PORT_HELP = "host port (127.0.0.1) published to the container's 8000"
+PORT_DEFAULT = f"{DEFAULT_PORT}; with --pod the pod's"
+POD_HELP = ("a running `coldstart container pod` (name or id) whose network namespace the container joins, as a "
+            "pod's containers do on a Kubernetes node: no network is set up at its start, and the server is "
+            "reached through the pod's published port (--port, if given, must be that one)")
+
+
+def _pod_and_port(c, pod: str | None, port: int | None):
+    """The pod to join (None for none) and the host port that reaches the server: the pod's own."""
+    from coldstart.containers import run
+    from coldstart.errors import ColdstartError
+
+    if pod is None:
+        return None, port
+    joined = run.find_pod(c, pod)
+    published = run.pod_port(joined)
+    if port not in (None, published):
+        raise ColdstartError(f"--port {port}: pod {pod} publishes the server's port on {published} (leave --port "
+                             "out with --pod)")
+    return joined, published
 
 
 @container_app.command("build")
@@ -115,7 +136,8 @@ def restore_command(
                                    "mount`), a mount bound into the container read-only; or volume:NAME, the "
                                    "docker named volume `container checkpoint --out volume:NAME` wrote"),
     model: Path = typer.Option(..., "--model", help="the model directory the snapshot was taken from"),
-    port: int = typer.Option(8000, "--port", help="host port (127.0.0.1) published to the container's 8000"),
+    port: Optional[int] = typer.Option(None, "--port", show_default=PORT_DEFAULT, help=PORT_HELP),
+    pod: Optional[str] = typer.Option(None, "--pod", help=POD_HELP),
     name: Optional[str] = typer.Option(None, "--name", help="container name"),
     host_warm: bool = typer.Option(True, "--host-warm/--no-host-warm",
                                    help="warm the snapshot's page cache from the host, from the create call on"),
@@ -126,7 +148,8 @@ def restore_command(
     host: Optional[str] = typer.Option(None, "--host", help=HOST_HELP),
 ) -> None:
     """Start a container that restores SNAPSHOT (entrypoint `coldstart restore`, least privilege, its own
-    network, the port published) and wait for its summary line (restored or fallback, and why)."""
+    network with the port published, or a pod's: --pod) and wait for its summary line (restored or
+    fallback, and why)."""
     import time
 
     from coldstart.containers import docker_api, image, run
@@ -138,12 +161,15 @@ def restore_command(
     if verify not in (None, *VERIFY_MODES):
         raise ColdstartError(f"--verify {verify!r}: not one of {', '.join(VERIFY_MODES)}")
     hf_model_dir(model)  # before the image build: one line, not minutes then a traceback
-    check_listen("127.0.0.1", port)  # docker would refuse only at the start call, the container made
+    if pod is None:
+        port = DEFAULT_PORT if port is None else port
+        check_listen("127.0.0.1", port)  # docker would refuse only at the start call, the container made
     vol = run.volume_name(snapshot)
     ref = None if vol else as_reference(snapshot)
     if not (ref or vol):
         run.host_snapshot(Path(snapshot))
     c = docker_api.client(host)
+    joined, port = _pod_and_port(c, pod, port)
     img = image.app_image(c, Path(__file__).resolve().parents[3], say=lambda m: typer.echo(m, err=True))
     layers = docker_api.image_layers(c, img.tag)
     if ref:
@@ -176,7 +202,7 @@ def restore_command(
     warmer = run.host_warm(snap, layers) if host_warm else None
     try:
         ctr = run.create_restore(c, img.tag, snapshot if vol else snap, model, port, name=name, env=env,
-                                 host_warms=host_warm, lazy=m)
+                                 host_warms=host_warm, lazy=m, pod=joined)
         created_s = time.monotonic() - t0
         if m is not None:
             run.own_mount(m, ctr)
@@ -193,25 +219,50 @@ def restore_command(
     _serve_container(ctr, port, t0, warmer, created_s, started_s, lazy=m)
 
 
+@container_app.command("pod")
+def pod_command(
+    port: int = typer.Option(DEFAULT_PORT, "--port", help="host port (127.0.0.1) published to the pod's 8000"),
+    name: Optional[str] = typer.Option(None, "--name", help="the pod's container name (default: docker's)"),
+    host: Optional[str] = typer.Option(None, "--host", help=HOST_HELP),
+) -> None:
+    """Start a pod's sandbox: a container of the image that only holds a network namespace, the port
+    published, as kubelet makes a pod's sandbox before the pod's containers. `container restore --pod`
+    and `run-cold --pod` join it, so docker sets up no network at their start. Prints the pod's name
+    and url; `docker rm -f NAME` removes it."""
+    from coldstart.containers import docker_api, image, run
+    from coldstart.pipeline.checkpoint import check_listen
+
+    check_listen("127.0.0.1", port)
+    c = docker_api.client(host)
+    img = image.app_image(c, Path(__file__).resolve().parents[3], say=lambda m: typer.echo(m, err=True))
+    pod = run.create_pod(c, img.tag, port, name=name)
+    typer.echo(json.dumps({"pod": pod.name, "id": pod.id[:12], "url": f"http://127.0.0.1:{port}"}))
+
+
 @container_app.command("run-cold")
 def run_cold_command(
     model: Path = typer.Argument(..., help="model directory (mounted read-only)"),
-    port: int = typer.Option(8000, "--port", help="host port (127.0.0.1) published to the container's 8000"),
+    port: Optional[int] = typer.Option(None, "--port", show_default=PORT_DEFAULT, help=PORT_HELP),
+    pod: Optional[str] = typer.Option(None, "--pod", help=POD_HELP),
     host: Optional[str] = typer.Option(None, "--host", help=HOST_HELP),
 ) -> None:
     """The naive container start, to compare with: vLLM's own server in the same image, docker's default
-    security; prints the seconds from the create call to the first completion."""
+    security, the same network as `container restore`; prints the seconds from the create call to the
+    first completion."""
     import time
 
     from coldstart.containers import docker_api, image, run
     from coldstart.pipeline.checkpoint import check_listen, hf_model_dir
 
     hf_model_dir(model)
-    check_listen("127.0.0.1", port)
+    if pod is None:
+        port = DEFAULT_PORT if port is None else port
+        check_listen("127.0.0.1", port)
     c = docker_api.client(host)
+    joined, port = _pod_and_port(c, pod, port)
     img = image.app_image(c, Path(__file__).resolve().parents[3], say=lambda m: typer.echo(m, err=True))
     t0 = time.monotonic()
-    ctr = run.create_naive(c, img.tag, model, port)
+    ctr = run.create_naive(c, img.tag, model, port, pod=joined)
     run.start(ctr)
     t1 = run.first_completion(port, str(Path(model).resolve()), t0 + 900, ctr)
     typer.echo(json.dumps({"container": ctr.id[:12], "url": f"http://127.0.0.1:{port}",

@@ -275,6 +275,25 @@ def pod_port(pod) -> int:
     return int(pod.attrs["HostConfig"]["PortBindings"][f"{CONTAINER_PORT}/tcp"][0]["HostPort"])
 
 
+def find_pod(c, name: str):
+    """The running container ``name`` (or id) as a pod to join: one line where docker has none, where it
+    is not running (a stopped sandbox has no network namespace to join), or where it does not publish
+    CONTAINER_PORT (nothing would reach the server)."""
+    import docker
+
+    try:
+        pod = c.containers.get(name)
+    except docker.errors.NotFound:
+        raise ColdstartError(f"docker has no container {name} (`coldstart container pod --name {name}` makes "
+                             "a pod)") from None
+    if pod.status != "running":
+        raise ColdstartError(f"pod {name} is {pod.status}, not running: its network namespace cannot be joined")
+    if not (pod.attrs["HostConfig"].get("PortBindings") or {}).get(f"{CONTAINER_PORT}/tcp"):
+        raise ColdstartError(f"pod {name} does not publish port {CONTAINER_PORT}, where the server listens "
+                             "(`coldstart container pod` publishes it)")
+    return pod
+
+
 def _create(c, image: str, argv: list[str], **kw):
     """docker's create call; a refusal (the name taken, the image gone) is one line naming the container."""
     import docker
