@@ -169,6 +169,42 @@ def test_restore_while_another_runs(snapshot):
         first.stop()
 
 
+def test_a_port_of_the_snapshot_taken_here_is_named_and_auto_retries_on_the_snapshots_port(snapshot):
+    """The restored engine listens again on the loopback ports it listened on at the dump. Another
+    program holding one of them: a host-network restore fails with one line naming the cause (the
+    log's first error, not the other tasks' exits after it); auto retries in a private network, and
+    its forwarder takes the snapshot's port, where a host-network restore would have served."""
+    import socket
+
+    import psutil
+
+    from coldstart.pipeline.restore import RestoreFailed
+
+    snap, m = snapshot
+    first = restore(RestoreOptions(snapshot=snap, fallback=False, net="host"), say=print)
+    try:
+        procs = [psutil.Process(first.engine.root_pid), *psutil.Process(first.engine.root_pid).children(True)]
+        ports = sorted({c.laddr.port for p in procs for c in p.net_connections("tcp")
+                        if c.status == psutil.CONN_LISTEN and c.laddr.port != m.port})
+    finally:
+        first.stop()
+    assert ports, "the restored engine listens on no port of its own"
+    with socket.socket() as held:
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        held.bind(("127.0.0.1", ports[0]))
+        held.listen()
+        with pytest.raises(RestoreFailed, match="Can't bind inet socket .*Address already in use"):
+            restore(RestoreOptions(snapshot=snap, fallback=False, net="host"), say=print)
+        said: list[str] = []
+        res = restore(RestoreOptions(snapshot=snap, fallback=False, net="auto"), say=said.append)
+        try:
+            assert res.restored and "RESTORE_RETRY" in [e.name for e in res.timeline.events], said
+            assert res.base_url.endswith(f":{m.port}"), res.base_url
+            assert _complete(res.base_url, m) == m.canary.token_ids
+        finally:
+            res.stop()
+
+
 def _post(url: str) -> int:
     import requests
 

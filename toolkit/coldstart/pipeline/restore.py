@@ -203,12 +203,15 @@ def restore(opts: RestoreOptions, say: Callable[[str], None] = print) -> Restore
         except RestoreFailed as e:
             # The dumped loopback TCP connections (gloo) come back with their exact 4-tuples; right
             # after another copy of this snapshot stopped on this host they can still be in TIME_WAIT.
-            # A private network namespace has none of them: retry there once (auto mode only).
+            # A private network namespace has none of them: retry there once (auto mode only). auto
+            # chose the host's network because the snapshot's port was free here, so the forwarder
+            # takes that port: clients find the server where a host-network restore puts it.
             if opts.net != "auto" or not any(k in str(e) for k in ("inet socket back", "Address already in use")):
                 raise
             say(f"restore in the host network failed ({str(e)[:120]}...); retrying in a private one")
             tl.mark("RESTORE_RETRY", reason="host network busy: retrying with --net private")
-            res = _restore(snap, m, RestoreOptions(**{**opts.__dict__, "net": "private"}), tl, say, rt, mnt)
+            retry = RestoreOptions(**{**opts.__dict__, "net": "private", "port": opts.port or m.port})
+            res = _restore(snap, m, retry, tl, say, rt, mnt)
             res.mount, res.runtime, res.lazy_log = mnt, rt, outer
             return res
     except Exception as e:  # the entrypoint's promise: whatever went wrong, still serve (cold)
