@@ -205,12 +205,14 @@ def restore(opts: RestoreOptions, say: Callable[[str], None] = print) -> Restore
             # after another copy of this snapshot stopped on this host they can still be in TIME_WAIT.
             # A private network namespace has none of them: retry there once (auto mode only). auto
             # chose the host's network because the snapshot's port was free here, so the forwarder
-            # takes that port: clients find the server where a host-network restore puts it.
+            # takes that port (if it still is): clients find the server where a host-network restore
+            # puts it.
             if opts.net != "auto" or not any(k in str(e) for k in ("inet socket back", "Address already in use")):
                 raise
             say(f"restore in the host network failed ({str(e)[:120]}...); retrying in a private one")
             tl.mark("RESTORE_RETRY", reason="host network busy: retrying with --net private")
-            retry = RestoreOptions(**{**opts.__dict__, "net": "private", "port": opts.port or m.port})
+            port = opts.port or (m.port if port_free(opts.listen, m.port) else None)
+            retry = RestoreOptions(**{**opts.__dict__, "net": "private", "port": port})
             res = _restore(snap, m, retry, tl, say, rt, mnt)
             res.mount, res.runtime, res.lazy_log = mnt, rt, outer
             return res
