@@ -155,6 +155,11 @@ def test_restore_while_another_runs(snapshot):
         try:
             assert second.restored and second.base_url != first.base_url
             assert second.engine.root_pid != first.engine.root_pid
+            # the settle (mapped weights into anonymous memory) is asked after READY, through the
+            # private network's public forwarder: the restore's own checks forwarder is closed then
+            for res in (first, second):
+                asked = next(e for e in res.timeline.events if e.name == "SETTLE_ASKED").attrs
+                assert asked["started"], asked
             assert _complete(second.base_url, m) == m.canary.token_ids
             assert _complete(first.base_url, m) == m.canary.token_ids
             # the private network's forwarder relays its clients from loopback: vLLM's dev-mode routes

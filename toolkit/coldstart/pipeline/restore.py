@@ -677,6 +677,10 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say, r
                         mounts=[x.mountpoint for x in (mnt, rt.mount if rt is not None else None) if x is not None])
         undo.pop_all()  # from here on the result owns the server
     if opts.settle:
+        if fwd is not None:  # a private network's checks forwarder is closed by now: ask through the public one
+            from coldstart.engine.client import EngineClient
+
+            client = EngineClient(base_url, timeout=opts.timeout, token=m.control_token or None)
         _settle(client, tl)
     if warmer is not None:
         _finish_warm(warmer, tl)
