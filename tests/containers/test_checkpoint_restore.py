@@ -110,11 +110,12 @@ def test_restore_in_a_new_container_from_a_read_only_mount(docker_client, app_im
 
 
 # Run in the restore's container instead of its entrypoint: the same restore, with probes of the
-# server's port before the canary: from the container's own address on the bridge, from loopback
-# without the control token (as a pod's sidecar), and with it (as the restore's own checks); after
-# it, the network is let in and the dev-mode routes still ask for the token, from loopback too.
+# server's port before the canary: from the container's own address on the bridge and from loopback
+# without the control token (as a pod's sidecar), each in a thread of its own, and one with the token
+# (as the restore's own checks); after it, the network is let in and the dev-mode routes still ask
+# for the token, from loopback too.
 _GATE_PROBE = """
-import json, socket, urllib.error, urllib.request
+import json, socket, threading, time, urllib.error, urllib.request
 from pathlib import Path
 from coldstart.engine.gate import TOKEN_HEADER
 from coldstart.pipeline.manifest import read_manifest
@@ -124,17 +125,27 @@ def status(host, path="/v1/models", token=None, method="GET"):
     req = urllib.request.Request(f"http://{host}:8000{path}", method=method,
                                  headers={TOKEN_HEADER: token} if token else {})
     try:
-        with urllib.request.urlopen(req, timeout=30) as r:
+        with urllib.request.urlopen(req, timeout=60) as r:
             return r.status
     except urllib.error.HTTPError as e:
         return e.code
 
 me = socket.gethostbyname(socket.gethostname())
 token = read_manifest(Path("/snapshot")).control_token
-seen = {}
-res = restore(RestoreOptions(snapshot=Path("/snapshot"), fallback=False, before_canary=lambda eng: seen.update(
-    network=status(me), loopback=status("127.0.0.1"), token=status("127.0.0.1", token=token))))
-seen.update(restored=res.restored, after=status(me), sleep=status("127.0.0.1", "/sleep", method="POST"),
+seen, answered, threads = {}, {}, []
+
+def before_canary(eng):
+    for name, host in (("network", me), ("loopback", "127.0.0.1")):
+        threads.append(threading.Thread(target=lambda n=name, h=host: answered.update({n: status(h)})))
+        threads[-1].start()
+    seen["token"] = status("127.0.0.1", token=token)
+    time.sleep(1)
+    seen["held"] = sorted(n for n in ("network", "loopback") if n not in answered)
+
+res = restore(RestoreOptions(snapshot=Path("/snapshot"), fallback=False, before_canary=before_canary))
+for t in threads:
+    t.join(60)
+seen.update(answered, restored=res.restored, after=status(me), sleep=status("127.0.0.1", "/sleep", method="POST"),
             state=status("127.0.0.1", "/is_sleeping", token=token))
 print("GATE " + json.dumps(seen), flush=True)
 """
@@ -143,9 +154,10 @@ print("GATE " + json.dumps(seen), flush=True)
 def test_the_restored_servers_port_answers_the_network_only_after_the_canary(docker_client, app_image,
                                                                               container_snapshot, tiny_model_dir):
     """Restored into the container's network, the server listens on the container's port from the
-    start; until the canary passed it answers 503 to every request without the snapshot's control
-    token, from the network or from loopback (a pod's sidecar shares it), while the restore's own
-    checks, which carry it, go through. vLLM's dev-mode routes ask for the token after that too."""
+    start; until the canary passed it holds every request without the snapshot's control token, from
+    the network or from loopback (a pod's sidecar shares it), and answers them once it passed, while
+    the restore's own checks, which carry it, go through. vLLM's dev-mode routes ask for the token
+    after that too."""
     ctr = run.create_restore(docker_client, app_image.tag, container_snapshot, tiny_model_dir, free_port(),
                              entrypoint=["python", "-c", _GATE_PROBE])
     try:
@@ -153,8 +165,8 @@ def test_the_restored_servers_port_answers_the_network_only_after_the_canary(doc
         assert ctr.wait(timeout=240)["StatusCode"] == 0, ctr.logs().decode(errors="replace")[-3000:]
         logs = ctr.logs().decode(errors="replace")
         line = next(ln for ln in logs.splitlines() if ln.startswith("GATE "))
-        assert json.loads(line[5:]) == {"network": 503, "loopback": 503, "token": 200, "restored": True,
-                                        "after": 200, "sleep": 403, "state": 200}, logs[-2000:]
+        assert json.loads(line[5:]) == {"held": ["loopback", "network"], "network": 200, "loopback": 200, "token": 200,
+                                        "restored": True, "after": 200, "sleep": 403, "state": 200}, logs[-2000:]
     finally:
         ctr.remove(force=True)
 

@@ -21,9 +21,10 @@ TOKEN = "s3cret-token"
 
 
 @pytest.fixture()
-def app():
+def app(monkeypatch):
     saved = dict(gate._state)
     gate._state.update(open=False, token=b"")
+    monkeypatch.setattr(gate, "HOLD_S", 0)  # what a closed gate answers once its hold is over, at once
     ok = lambda request: JSONResponse({"data": ["m"]})  # noqa: E731
     a = Starlette(routes=[Route("/v1/models", ok), Route("/sleep", ok, methods=["POST"])])
     a.add_middleware(gate.Gate)
@@ -81,13 +82,35 @@ def test_dev_routes_stay_closed_under_a_root_path():
         gate._state["open"] = False
 
 
+def test_a_closed_gate_holds_a_request_until_it_opens(monkeypatch):
+    """A client that connects while the restore checks its canary gets its answer when the gate opens,
+    not a 503 to retry on; one held longer than HOLD_S gets the 503; dev routes are refused at once."""
+    monkeypatch.setitem(gate._state, "open", False)
+    monkeypatch.setitem(gate._state, "token", TOKEN.encode())
+    g = gate.Gate(_ok)
+
+    async def scenario():
+        monkeypatch.setattr(gate, "HOLD_S", 0.2)
+        assert await _status(g, "/v1/completions") == 503  # not opened within the hold
+        assert await asyncio.wait_for(_status(g, "/sleep"), 0.1) == 403
+        monkeypatch.setattr(gate, "HOLD_S", 30)
+        held = [asyncio.create_task(_status(g, "/v1/completions")) for _ in range(3)]
+        await asyncio.sleep(0.3)
+        assert not any(t.done() for t in held) and len(gate._held) == 3
+        assert await _status(g, gate.OPEN_PATH, headers=[(gate.TOKEN_HEADER.lower().encode(), TOKEN.encode())]) == 200
+        assert await asyncio.wait_for(asyncio.gather(*held), 1) == [200, 200, 200]
+        assert gate._held == []
+
+    asyncio.run(scenario())
+
+
 async def _ok(scope, receive, send):
     await send({"type": "http.response.start", "status": 200, "headers": []})
     await send({"type": "http.response.body", "body": b""})
 
 
-async def _status(app, path: str, root_path: str = "") -> int:
-    """One request from the network through ``app`` (raw ASGI, as uvicorn sends it); its status."""
+async def _status(app, path: str, root_path: str = "", headers: list | None = None) -> int:
+    """One POST from the network through ``app`` (raw ASGI, as uvicorn sends it); its status."""
     sent = []
 
     async def receive():
@@ -96,7 +119,7 @@ async def _status(app, path: str, root_path: str = "") -> int:
     async def send(msg):
         sent.append(msg)
 
-    await app({"type": "http", "method": "POST", "path": path, "root_path": root_path, "headers": [],
+    await app({"type": "http", "method": "POST", "path": path, "root_path": root_path, "headers": headers or [],
                "client": ("172.18.0.1", 40000)}, receive, send)
     return next(m["status"] for m in sent if m["type"] == "http.response.start")
 

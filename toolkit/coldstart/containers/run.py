@@ -15,7 +15,7 @@ docs/containers.md):
 Network: every container is on our bridge network (docker_api.NETWORK: its own network namespace,
 like a pod) with the server's port published on the host's loopback. The checkpoint's server
 listens on the container's port on every interface (``--listen 0.0.0.0``), so a restore serves it
-with no relay; its gate (coldstart.engine.gate) answers the network 503 until the restore's canary
+with no relay; its gate (coldstart.engine.gate) holds the network's requests until the restore's canary
 passed. Each replica has its own network namespace: any number of one snapshot run at once. Or a
 container joins a pod's (``create_pod``: a container that only holds a network namespace and the
 published port, as a Kubernetes pod's sandbox does), and docker sets up no network at its start.

@@ -11,7 +11,10 @@ and in a Kubernetes pod every sidecar shares the server's loopback.
 A server checkpointed listening on a wildcard address (in a container: the container's port) is
 restored listening there, and clients reach it directly, with no relay of ours in the data path
 (results/container-serve). It is restored asleep, its weights not yet reloaded nor checked, so until
-the restore opens the gate it answers every request without the token with 503. The restore's own
+the restore opens the gate a request without the token is held, and passed on the moment the gate
+opens: a client (or a load balancer, or a readiness probe) that connects as soon as the port accepts
+gets its answer when the server is checked, not a 503 and a retry on its own clock. One still closed
+after ``HOLD_S`` (a restore that failed, or is slow) gets 503 with Retry-After. The restore's own
 checks carry the token, as did the checkpoint's warm-up, and the snapshot is taken with the gate
 closed.
 
@@ -25,6 +28,7 @@ into vLLM's API server process.
 """
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import os
@@ -37,6 +41,8 @@ IMPORT_PATH = "coldstart.engine.gate.Gate"  # what the launcher passes to vLLM's
 TOKEN_ENV = "COLDSTART_CONTROL_TOKEN"  # the server's control token (launcher.EngineSpec.control_token)
 TOKEN_HEADER = "X-Coldstart-Token"  # the request header that carries it (engine.client.EngineClient)
 CLOSED_ENV = "COLDSTART_GATE"  # "closed": the server starts held closed (a snapshot's, until its restore)
+HOLD_ENV = "COLDSTART_GATE_HOLD_S"  # how long a closed gate holds a request (read at the server's start: a
+# snapshot's server keeps its checkpoint's); 0: answer 503 at once
 # the routes vLLM's dev mode adds (VLLM_SERVER_DEV_MODE: its dev and RL routers; a test holds this list
 # to the installed vLLM's)
 DEV_PATHS = frozenset((
@@ -47,6 +53,8 @@ DEV_PATHS = frozenset((
     "/weight_checker", "/weight_info"))
 # module-level: outlives a rebuild of the middleware stack
 _state = {"open": os.environ.get(CLOSED_ENV) != "closed", "token": os.environ.get(TOKEN_ENV, "").encode()}
+HOLD_S = float(os.environ.get(HOLD_ENV) or 30)
+_held: list = []  # the futures of the requests a closed gate holds; set when it opens
 _HEADER = TOKEN_HEADER.lower().encode()  # ASGI header names arrive lower-cased
 _CONTROL_ONLY = json.dumps({"error": {"message": f"coldstart: this route needs the server's control token "
                                       f"({TOKEN_HEADER})", "type": "Forbidden", "code": 403}}).encode()
@@ -94,7 +102,7 @@ class Gate:
         trusted = _trusted(scope)
         if kind == "http" and trusted and scope.get("path") in (OPEN_PATH, STATE_PATH):
             if scope["path"] == OPEN_PATH and scope.get("method") == "POST":
-                _state["open"] = True
+                _open()
             return await _send_json(send, 200, json.dumps({"open": _state["open"]}).encode())
         if trusted:
             return await self.app(scope, receive, send)
@@ -103,8 +111,34 @@ class Gate:
             if kind == "websocket":
                 return await send({"type": "websocket.close", "code": 1008})  # policy violation
             return await _send_json(send, 403, _CONTROL_ONLY)
-        if _state["open"]:
+        if _state["open"] or await _held_until_open():
             return await self.app(scope, receive, send)
         if kind == "websocket":
             return await send({"type": "websocket.close", "code": 1013})  # try again later
         await _send_json(send, 503, _CLOSED, [(b"retry-after", b"1")])
+
+
+def _open() -> None:
+    _state["open"] = True
+    while _held:
+        fut = _held.pop()
+        fut.get_loop().call_soon_threadsafe(lambda f=fut: f.done() or f.set_result(None))
+
+
+async def _held_until_open() -> bool:
+    """Wait for the gate to open, at most HOLD_S; whether it did."""
+    if HOLD_S <= 0:
+        return False
+    fut = asyncio.get_running_loop().create_future()
+    _held.append(fut)
+    if _state["open"]:  # opened from another thread's loop since the caller looked
+        _held.remove(fut)
+        return True
+    try:
+        await asyncio.wait_for(fut, HOLD_S)
+    except asyncio.TimeoutError:
+        pass
+    finally:
+        if fut in _held:
+            _held.remove(fut)
+    return _state["open"]

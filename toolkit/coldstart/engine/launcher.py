@@ -75,7 +75,7 @@ class EngineSpec:
     # Read-only bind mounts (source -> path) in a private mount namespace of the server's: a runtime
     # (venv) mounted lazily elsewhere, seen where its files were installed.
     binds: dict[Path, str] = field(default_factory=dict)
-    # Start held closed (coldstart.engine.gate): 503 to requests without the control token until a
+    # Start held closed (coldstart.engine.gate): requests without the control token wait until a
     # restore opens it (a checkpoint listening on a wildcard address; never a cold boot)
     gate: bool = False
     # vLLM's dev-mode routes (sleep, wake, collective_rpc), behind the gate's control token

@@ -21,7 +21,7 @@ def checkpoint_cmd(
     port: int = typer.Option(8000, help="Port the server listens on (the restored server keeps it)."),
     listen: str = typer.Option("127.0.0.1", help="Address the server listens on (the restored server keeps it). "
                                "0.0.0.0 in a container: clients then reach the restored server through the "
-                               "container's port with no relay, and it answers those not on loopback with 503 "
+                               "container's port with no relay, and it holds requests without its control token "
                                "until its restore has checked the canary (docs/containers.md)."),
     criu_variant: str = typer.Option("patched", help="patched (mmap restore) or stock criu."),
     kv_cache_bytes: int = typer.Option(256 << 20, help="vLLM --kv-cache-memory-bytes."),
