@@ -53,7 +53,8 @@ def test_inspect_summarises_the_snapshot_and_its_fit(snapshot):
                        capture_output=True, text=True, timeout=120)
     out = json.loads(p.stdout)
     assert p.returncode == 0 and out["fits_this_host"] and out["problems"] == [], p.stderr[-2000:]
-    assert out["listens"] == f"127.0.0.1:{m.port}" and not m.gated  # a host checkpoint: loopback, no gate
+    # a host checkpoint: loopback, and gated like every snapshot (no client before the canary)
+    assert out["listens"] == f"127.0.0.1:{m.port} (gated until the canary)" and m.gated
 
 
 def test_restore_after_move_with_the_original_path_gone(snapshot, snapshot_copy, tmp_path):

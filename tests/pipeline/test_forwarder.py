@@ -1,5 +1,6 @@
-"""The public forwarder of a restore in a private network: its port is reserved at once but refuses
-connections until it is started (after the canary), so no client reaches an unchecked server."""
+"""The public forwarder of a restore in a private network: its port is reserved and listening at once,
+but nothing is relayed until it is started (after the canary), so no client reaches an unchecked
+server, and one that connected before is relayed then."""
 from __future__ import annotations
 
 import os
@@ -29,16 +30,40 @@ def _echo_server() -> tuple[socket.socket, int]:
     return srv, srv.getsockname()[1]
 
 
-def test_refuses_until_started_then_forwards():
+def test_holds_connections_until_started_then_forwards():
     srv, port = _echo_server()
     fwd = Forwarder(os.getpid(), ("127.0.0.1", port), ("127.0.0.1", 0))  # this process's own netns
     try:
-        with pytest.raises(ConnectionRefusedError):
-            socket.create_connection(fwd.address, timeout=5)
+        early = socket.create_connection(fwd.address, timeout=5)  # queued, not refused
+        early.sendall(b"early")
+        early.settimeout(0.5)
+        with pytest.raises(TimeoutError):
+            early.recv(100)  # nothing relayed before start
         fwd.start()
+        early.settimeout(5)
+        assert early.recv(100) == b"early"
+        early.close()
         with socket.create_connection(fwd.address, timeout=5) as c:
             c.sendall(b"ping")
             assert c.recv(100) == b"ping"
+    finally:
+        fwd.close()
+        srv.close()
+
+
+def test_close_before_start_resets_the_waiting_clients():
+    """A restore that fails before its canary passed closes its forwarder unstarted: the clients that
+    waited get a reset, never an answer."""
+    srv, port = _echo_server()
+    fwd = Forwarder(os.getpid(), ("127.0.0.1", port), ("127.0.0.1", 0))
+    try:
+        early = socket.create_connection(fwd.address, timeout=5)
+        early.sendall(b"early")
+        fwd.close()
+        with pytest.raises(ConnectionResetError):
+            early.recv(100)
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(fwd.address, timeout=5)
     finally:
         fwd.close()
         srv.close()

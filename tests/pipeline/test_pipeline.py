@@ -174,6 +174,52 @@ def test_restore_while_another_runs(snapshot):
         first.stop()
 
 
+def test_a_client_that_comes_before_the_canary_is_answered_after_it(snapshot):
+    """Nothing is answered by a restored server before its canary passed, on loopback too: a client
+    that reaches a host-network restore's port (the restored server's own, listening since CRIU) or a
+    private one's (our forwarder) while the restore checks the server waits, and is answered once the
+    check passed."""
+    import threading
+
+    snap, m = snapshot
+    first_port, second_port = m.port, free_port()
+    answers: dict[int, list[int] | str] = {}
+    waiting: dict[int, bool] = {}
+
+    def early_client(port: int):
+        def ask():
+            try:
+                answers[port] = _complete(f"http://127.0.0.1:{port}", m)
+            except Exception as e:  # noqa: BLE001 - recorded, asserted below
+                answers[port] = f"{type(e).__name__}: {e}"
+
+        def before_canary(eng):
+            t = threading.Thread(target=ask, daemon=True)
+            t.start()
+            t.join(1.0)
+            waiting[port] = t.is_alive()
+            threads.append(t)
+        return before_canary
+
+    threads: list[threading.Thread] = []
+    # auto: a host restore retries in a private network on the snapshot's port (TIME_WAIT, above)
+    first = restore(RestoreOptions(snapshot=snap, fallback=False, net="auto", before_canary=early_client(first_port)),
+                    say=print)
+    try:
+        second = restore(RestoreOptions(snapshot=snap, fallback=False, net="auto", port=second_port,
+                                        before_canary=early_client(second_port)), say=print)
+        try:
+            assert second.timeline.get("RESTORE_ISSUED").attrs["net"] == "private"  # the first holds the port
+            for t in threads:
+                t.join(300)
+            assert waiting == {first_port: True, second_port: True}, (waiting, answers)
+            assert answers == {first_port: m.canary.token_ids, second_port: m.canary.token_ids}, answers
+        finally:
+            second.stop()
+    finally:
+        first.stop()
+
+
 def test_a_port_of_the_snapshot_taken_here_is_named_and_auto_retries_on_the_snapshots_port(snapshot):
     """The restored engine listens again on the loopback ports it listened on at the dump. Another
     program holding one of them: a host-network restore fails with one line naming the cause (the

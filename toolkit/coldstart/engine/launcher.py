@@ -76,7 +76,7 @@ class EngineSpec:
     # (venv) mounted lazily elsewhere, seen where its files were installed.
     binds: dict[Path, str] = field(default_factory=dict)
     # Start held closed (coldstart.engine.gate): requests without the control token wait until a
-    # restore opens it (a checkpoint listening on a wildcard address; never a cold boot)
+    # restore opens it (every checkpoint's server; never a cold boot)
     gate: bool = False
     # vLLM's dev-mode routes (sleep, wake, collective_rpc), behind the gate's control token
     dev_mode: bool = True

@@ -26,7 +26,6 @@ from coldstart.criu import caps
 from coldstart.criu import server as _criu
 from coldstart.errors import ColdstartError
 from coldstart.fsutil import fsync_dir, fsync_tree
-from coldstart.netutil import is_loopback
 from coldstart.pipeline import canary as canary_mod
 from coldstart.pipeline import affinity, hostfacts
 from coldstart.pipeline.events import EventName, Timeline
@@ -44,7 +43,9 @@ class CheckpointOptions:
     out: Path
     port: int = 8000
     # where the server listens: loopback, or a wildcard in a container (clients then reach the restored
-    # server directly; coldstart.engine.gate keeps them out until its restore has checked it)
+    # server directly). On either, coldstart.engine.gate holds clients without the control token until
+    # the restore has checked the server: on loopback too, where a host-network restore's server
+    # listens from CRIU's restore on, before its wake, reload and canary
     listen: str = "127.0.0.1"
     engine_args: list[str] = field(default_factory=list)
     canary_prompt: str = DEFAULT_CANARY
@@ -213,7 +214,7 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
     published = False
     try:
         spec = EngineSpec(model=model, run_dir=staging / "run", port=opts.port, host=opts.listen,
-                          gate=not is_loopback(opts.listen), kv_cache_bytes=opts.kv_cache_bytes,
+                          gate=True, kv_cache_bytes=opts.kv_cache_bytes,
                           sleep_mode=sleep, extra_args=list(opts.engine_args), device=device,
                           served_model_name=opts.served_model_name, run_dir_seen_at=Path(ENGINE_RUN_DIR),
                           die_with_parent=True, drop_caps=opts.server_caps == "none")

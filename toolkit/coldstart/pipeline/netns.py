@@ -86,9 +86,10 @@ class Forwarder:
     namespace of ``ns_pid``. One thread per direction per connection: simple and enough for an HTTP
     API (the hop costs ~0.1 ms on loopback).
 
-    The address is bound at construction (the port is reserved) but connections are refused until
-    ``start``: the restore opens the public forwarder only once the canary passed, so no client is
-    answered by a server that has not been checked."""
+    The address is bound and listening from construction (the port is reserved), but nothing is
+    accepted until ``start``: the restore starts the public forwarder only once the canary passed, so
+    no client is answered by a server that has not been checked, and a client that connected before
+    waits in the listen queue and is relayed then (``close`` before ``start`` resets it)."""
 
     def __init__(self, ns_pid: int, target: tuple[str, int], listen: tuple[str, int]):
         self.ns_path = f"/proc/{ns_pid}/ns/net"
@@ -97,13 +98,13 @@ class Forwarder:
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(listen)
+        self.sock.listen(128)
         self.address = self.sock.getsockname()
         self._stop = threading.Event()
         self.links: set[socket.socket] = set()  # the relayed sockets now open, both sides (ended by close)
         self._t = threading.Thread(target=self._accept, name="coldstart-forwarder", daemon=True)
 
     def start(self) -> "Forwarder":
-        self.sock.listen(64)
         self._t.start()
         return self
 

@@ -650,12 +650,12 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say, r
                 opts.before_canary(eng)
             text = _canary(client, m, tl, checks)
             gate = {}
-            if fwd is not None:  # checked: clients may come in now
+            if m.gated:  # checked: clients may come in now (in a private network through the checks'
+                client.open_gate()  # forwarder, closed next; the public one relays from loopback)
+                gate = {"gate": "opened"}
+            if fwd is not None:
                 check_fwd.close()
                 fwd.start()
-            elif m.gated:
-                client.open_gate()
-                gate = {"gate": "opened"}
         except Exception as e:  # noqa: BLE001 - re-raised unless a damaged file explains it
             bad = checks.failure(timeout=60)  # a damaged file: name it, not the symptom it caused
             if bad:
