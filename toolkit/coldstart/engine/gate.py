@@ -8,15 +8,15 @@ never served without the token (403). Loopback is no proof of who is asking: a r
 network relays the network's clients into the server's namespace from loopback (pipeline/netns.py),
 and in a Kubernetes pod every sidecar shares the server's loopback.
 
-A server checkpointed listening on a wildcard address (in a container: the container's port) is
-restored listening there, and clients reach it directly, with no relay of ours in the data path
-(results/container-serve). It is restored asleep, its weights not yet reloaded nor checked, so until
-the restore opens the gate a request without the token is held, and passed on the moment the gate
-opens: a client (or a load balancer, or a readiness probe) that connects as soon as the port accepts
+A snapshot's server is restored listening where it was checkpointed: on loopback (a host-network
+restore) or on a wildcard address (in a container: the container's port, which clients reach
+directly, with no relay of ours in the data path; results/container-serve). Either way it listens
+from CRIU's restore on, asleep, its weights not yet reloaded nor checked, so every snapshot is taken
+with the gate closed, and until the restore opens it a request without the token is held, and
+passed on the moment the gate opens: a client (or a load balancer, or a readiness probe) that connects as soon as the port accepts
 gets its answer when the server is checked, not a 503 and a retry on its own clock. One still closed
 after ``HOLD_S`` (a restore that failed, or is slow) gets 503 with Retry-After. The restore's own
-checks carry the token, as did the checkpoint's warm-up, and the snapshot is taken with the gate
-closed.
+checks carry the token, as did the checkpoint's warm-up.
 
 The token is the server's environment variable ``COLDSTART_CONTROL_TOKEN``: a snapshot's server keeps
 the one it was checkpointed with, and its manifest records it (``control_token``), so it is as secret
