@@ -13,10 +13,10 @@ restore) or on a wildcard address (in a container: the container's port, which c
 directly, with no relay of ours in the data path; results/container-serve). Either way it listens
 from CRIU's restore on, asleep, its weights not yet reloaded nor checked, so every snapshot is taken
 with the gate closed, and until the restore opens it a request without the token is held, and
-passed on the moment the gate opens: a client (or a load balancer, or a readiness probe) that connects as soon as the port accepts
-gets its answer when the server is checked, not a 503 and a retry on its own clock. One still closed
-after ``HOLD_S`` (a restore that failed, or is slow) gets 503 with Retry-After. The restore's own
-checks carry the token, as did the checkpoint's warm-up.
+passed on the moment the gate opens: a client (or a load balancer, or a readiness probe) that
+connects as soon as the port accepts gets its answer when the server is checked, not a 503 and a
+retry on its own clock. One still closed after ``HOLD_S`` (a restore that failed, or is slow) gets
+503 with Retry-After. The restore's own checks carry the token, as did the checkpoint's warm-up.
 
 The token is the server's environment variable ``COLDSTART_CONTROL_TOKEN``: a snapshot's server keeps
 the one it was checkpointed with, and its manifest records it (``control_token``), so it is as secret
