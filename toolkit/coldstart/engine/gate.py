@@ -53,7 +53,16 @@ DEV_PATHS = frozenset((
     "/weight_checker", "/weight_info"))
 # module-level: outlives a rebuild of the middleware stack
 _state = {"open": os.environ.get(CLOSED_ENV) != "closed", "token": os.environ.get(TOKEN_ENV, "").encode()}
-HOLD_S = float(os.environ.get(HOLD_ENV) or 30)
+
+
+def _hold_s() -> float:
+    try:
+        return float(os.environ.get(HOLD_ENV) or 30)
+    except ValueError:  # refused in one line by the checkpoint, before a server starts with it
+        return 30.0
+
+
+HOLD_S = _hold_s()
 _held: list = []  # the futures of the requests a closed gate holds; set when it opens
 _HEADER = TOKEN_HEADER.lower().encode()  # ASGI header names arrive lower-cased
 _CONTROL_ONLY = json.dumps({"error": {"message": f"coldstart: this route needs the server's control token "

@@ -183,6 +183,19 @@ def _publish(staging: Path, out: Path) -> None:
     fsync_dir(out.parent)
 
 
+def _check_gate_hold() -> None:
+    """The server reads its gate's hold (engine.gate.HOLD_ENV) from this environment when it starts;
+    a value it cannot read would stop it there, named only in its log."""
+    from coldstart.engine.gate import HOLD_ENV
+
+    value = os.environ.get(HOLD_ENV)
+    try:
+        float(value or 0)
+    except ValueError:
+        raise ColdstartError(f"{HOLD_ENV}={value!r} is not a number of seconds (how long the restored server's "
+                             "gate holds a request before its canary passed; 0: not at all)") from None
+
+
 def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: None) -> tuple[Manifest, Timeline]:
     """Make a snapshot of ``opts.model`` in ``opts.out``; returns its manifest and timeline."""
     from coldstart.engine.launcher import EngineSpec, start_engine
@@ -196,6 +209,7 @@ def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: N
     if opts.layout == "hot" and opts.criu_variant != "patched":
         raise ColdstartError("--layout hot needs the patched criu (its recording restore and parent-image mapping); "
                              "use --layout dumped with --criu-variant stock")
+    _check_gate_hold()
     criu = _criu.find(opts.criu_variant)  # fail before spending a minute on the engine
     host = hostfacts.collect(criu)
     check_listen(opts.listen, opts.port)
