@@ -164,3 +164,10 @@ def test_a_server_with_dev_mode_gets_the_gate_and_its_own_token(tmp_path):
     # a snapshot from before the token: restored without one (its gate trusts loopback), none sent
     assert EngineSpec(model=tmp_path / "m", run_dir=tmp_path / "r", control_token="").env_overrides().get(
         gate.TOKEN_ENV) is None
+
+
+@pytest.mark.parametrize("value, seconds", [(None, 30.0), ("", 30.0), ("0", 0.0), ("2.5", 2.5),
+                                             ("thirty", None), ("-1", None), ("inf", None), ("nan", None)])
+def test_the_hold_is_a_finite_number_of_seconds(value, seconds):
+    """The one reading of COLDSTART_GATE_HOLD_S: the gate falls back to 30 on None, the checkpoint refuses it."""
+    assert gate.parse_hold(value) == seconds

@@ -23,13 +23,14 @@ def test_checkpoint_names_an_address_it_cannot_listen_on(tiny_model_dir, tmp_pat
     assert not (tmp_path / "snap").exists()
 
 
-def test_checkpoint_names_a_gate_hold_that_is_not_a_number(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("value", ["thirty", "-1", "inf"])
+def test_checkpoint_names_a_gate_hold_that_is_not_a_number(tiny_model_dir, tmp_path, value):
     """The restored server's gate reads it at its start: refused before that, in one line."""
     import os
 
     p = subprocess.run([str(Path(sys.executable).with_name("coldstart")), "checkpoint", str(tiny_model_dir),
                         "--out", str(tmp_path / "snap")], capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "COLDSTART_GATE_HOLD_S": "thirty"})
-    assert p.returncode != 0 and "COLDSTART_GATE_HOLD_S='thirty' is not a number" in p.stderr.strip().splitlines()[-1], \
+                       env={**os.environ, "COLDSTART_GATE_HOLD_S": value})
+    assert p.returncode != 0 and f"COLDSTART_GATE_HOLD_S='{value}' is not a number" in p.stderr.strip().splitlines()[-1], \
         p.stderr[-1000:]
     assert not (tmp_path / "snap").exists()

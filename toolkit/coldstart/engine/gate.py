@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import math
 import os
 
 from coldstart.netutil import is_loopback
@@ -55,14 +56,19 @@ DEV_PATHS = frozenset((
 _state = {"open": os.environ.get(CLOSED_ENV) != "closed", "token": os.environ.get(TOKEN_ENV, "").encode()}
 
 
-def _hold_s() -> float:
+def parse_hold(value: str | None) -> float | None:
+    """Seconds a closed gate holds a request, from ``HOLD_ENV``'s value (unset: 30); None when it is
+    not a finite number ≥ 0."""
     try:
-        return float(os.environ.get(HOLD_ENV) or 30)
-    except ValueError:  # refused in one line by the checkpoint, before a server starts with it
-        return 30.0
+        s = float(value or 30)
+    except ValueError:
+        return None
+    return s if math.isfinite(s) and s >= 0 else None
 
 
-HOLD_S = _hold_s()
+HOLD_S = parse_hold(os.environ.get(HOLD_ENV))
+if HOLD_S is None:  # refused in one line by the checkpoint, before a server starts with it
+    HOLD_S = 30.0
 _held: list = []  # the futures of the requests a closed gate holds; set when it opens
 _HEADER = TOKEN_HEADER.lower().encode()  # ASGI header names arrive lower-cased
 _CONTROL_ONLY = json.dumps({"error": {"message": f"coldstart: this route needs the server's control token "

@@ -186,14 +186,12 @@ def _publish(staging: Path, out: Path) -> None:
 def _check_gate_hold() -> None:
     """The server reads its gate's hold (engine.gate.HOLD_ENV) from this environment when it starts;
     a value it cannot read would stop it there, named only in its log."""
-    from coldstart.engine.gate import HOLD_ENV
+    from coldstart.engine.gate import HOLD_ENV, parse_hold
 
     value = os.environ.get(HOLD_ENV)
-    try:
-        float(value or 0)
-    except ValueError:
-        raise ColdstartError(f"{HOLD_ENV}={value!r} is not a number of seconds (how long the restored server's "
-                             "gate holds a request before its canary passed; 0: not at all)") from None
+    if parse_hold(value) is None:
+        raise ColdstartError(f"{HOLD_ENV}={value!r} is not a number of seconds ≥ 0 (how long the restored server's "
+                             "gate holds a request before its canary passed; 0: not at all)")
 
 
 def checkpoint(opts: CheckpointOptions, say: Callable[[str], None] = lambda s: None) -> tuple[Manifest, Timeline]:

@@ -126,9 +126,16 @@ def snapshot_ls(roots: List[Path] = typer.Argument(None, help="Snapshot dirs, or
                                                    "(default: ./snapshots)."),
                 as_json: bool = typer.Option(False, "--json", help="One JSON object per snapshot.")) -> None:
     """List snapshots with size and state (ready, in use by a live restore, partial)."""
+    from coldstart.errors import ColdstartError
     from coldstart.pipeline.snapshots import find
 
-    for s in find(list(roots or [Path("snapshots")])):
+    if not roots and not Path("snapshots").is_dir():
+        raise ColdstartError("no ./snapshots here (where `coldstart checkpoint` writes by default); "
+                             "name the snapshot dirs, or the dirs that hold them")
+    found = find(list(roots or [Path("snapshots")]))
+    if not found and not as_json:
+        print(f"no snapshots in {', '.join(map(str, roots or [Path('snapshots')]))}", file=sys.stderr)
+    for s in found:
         if as_json:
             print(json.dumps({"path": str(s.path), "state": s.state, "bytes": s.bytes, "model": s.model,
                               "created_at": s.created_at, "users": s.users}))
