@@ -5,7 +5,7 @@ set -euo pipefail
 ROOT="${ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}"
 # build deps (also in scripts/setup's apt list; repeated here so the hook stands alone)
 DEPS=(build-essential dpkg-dev libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
-      python3-protobuf libnl-3-dev libcap-dev libnet1-dev pkg-config libbsd-dev libgnutls28-dev
+      python3-protobuf libnl-3-dev libcap-dev libnet1-dev pkg-config libbsd-dev
       libnftables-dev uuid-dev libaio-dev xz-utils patch)
 missing=()
 for p in "${DEPS[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p"); done

