@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from coldstart.errors import ColdstartError
+from coldstart.netutil import client_host, free_port  # noqa: F401  (free_port: the tests' and benchmarks' import)
 from coldstart.procutil import die_with_parent
 
 SLEEP_WORKER = "coldstart.engine.sleep_worker.SleepCPUWorker"
@@ -437,11 +438,6 @@ def bind_ro_argv(binds: dict[Path, str], argv: list[str]) -> list[str]:
     return [_unshare(), "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script, "sh", *argv]
 
 
-def client_host(listen: str) -> str:
-    """Where a local client reaches a server listening on ``listen`` (a wildcard: loopback)."""
-    return "127.0.0.1" if listen in ("0.0.0.0", "") else "[::1]" if listen == "::" else listen
-
-
 def _unshare() -> str:
     path = shutil.which("unshare")
     if not path:
@@ -567,10 +563,3 @@ def find_worker_pid(pids: list[int] | EngineProcess) -> int:
     raise ColdstartError(f"no vLLM worker process among PIDs {pids}")
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on ``host`` right now (for tests and parallel servers)."""
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]

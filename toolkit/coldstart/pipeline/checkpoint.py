@@ -15,7 +15,6 @@ import fcntl
 import importlib.util
 import os
 import shutil
-import socket
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -26,6 +25,7 @@ from coldstart.criu import caps
 from coldstart.criu import server as _criu
 from coldstart.errors import ColdstartError
 from coldstart.fsutil import fsync_dir, fsync_tree
+from coldstart.netutil import bind_error, port_free  # noqa: F401  (port_free: the benchmarks' import)
 from coldstart.pipeline import canary as canary_mod
 from coldstart.pipeline import affinity, hostfacts
 from coldstart.pipeline.events import EventName, Timeline
@@ -94,22 +94,11 @@ def sleep_worker_available() -> bool:
     return importlib.util.find_spec("coldstart.engine.sleep_worker") is not None
 
 
-def _bind_error(host: str, port: int) -> OSError | None:
-    """Why a server could not listen on (host, port) right now; None when it could."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as e:
-            return e
-    return None
-
-
 def check_listen(addr: str, port: int) -> None:
     """The server can listen on (addr, port) here: else one line saying why."""
     import errno
 
-    e = _bind_error(addr, port)
+    e = bind_error(addr, port)
     if e is None:
         return
     if e.errno == errno.EADDRINUSE:
@@ -124,10 +113,6 @@ def hf_model_dir(model: Path) -> Path:
     if not (model / "config.json").is_file():
         raise ColdstartError(f"model {model} not found (expected a Hugging Face model dir with config.json)")
     return model
-
-
-def port_free(host: str, port: int) -> bool:
-    return _bind_error(host, port) is None
 
 
 def link_remap_names() -> set[str]:

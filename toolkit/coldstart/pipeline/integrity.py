@@ -18,10 +18,8 @@ fs-verity would close it, but this kernel does not have it.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -106,6 +104,8 @@ def _check_chunk(fd: int, i: int, size: int, want: str) -> bool:
 
 def check_file(path: Path, rel: str, size: int, chunks: list[str], threads: int = THREADS) -> None:
     """Raise IntegrityError naming the first bad chunk of ``path`` (chunks checked in parallel)."""
+    from concurrent.futures import ThreadPoolExecutor  # (here: a restore imports this module before CRIU starts)
+
     fd = os.open(path, os.O_RDONLY)
     try:
         if os.fstat(fd).st_size != size:
@@ -149,6 +149,8 @@ class NodeRecord:
     def _keys(path: Path, xxh3: str, chunks: list[str]) -> list[str]:
         """The file's key by its device, and for a file on a read-only loop device also by the image
         behind it (stable across remounts; unseen inside a container, where the image's path is not)."""
+        import hashlib
+
         st = os.stat(path)
         digests = (xxh3, hashlib.sha256("".join(chunks).encode()).hexdigest())
         devs = [st.st_dev] + [d for d in [_loop_image(st.st_dev)] if d]

@@ -32,13 +32,10 @@ from coldstart.criu import layout as _layout
 from coldstart.criu import server as _criu
 from coldstart.criu import logs as criu_logs
 from coldstart.criu.restore import alive
-from coldstart.engine.launcher import client_host, free_port
 from coldstart.errors import ColdstartError
 from coldstart.fsutil import will_need
-from coldstart.netutil import is_loopback
-from coldstart.pipeline import affinity, hostfacts, integrity
-from coldstart.pipeline.canary import check as check_canary
-from coldstart.pipeline.checkpoint import port_free, reload_weights
+from coldstart.netutil import client_host, free_port, is_loopback, port_free
+from coldstart.pipeline import affinity, hostfacts
 from coldstart.pipeline.events import EventName, Timeline
 from coldstart.pipeline.manifest import Manifest, read_manifest, validate_against_host
 from coldstart.pipeline.netns import Forwarder, wrap_argv
@@ -447,6 +444,7 @@ class _BackgroundWarm:
         self._lock = threading.Lock()
         self._cancelled = False
         self._first_token = threading.Event()
+        self.started = threading.Event()  # WARM_START marked (or the warmer gave up): its reads have begun
         self._deferred = False
         kw: dict = {}
         if opts is not None:  # only what the options set: the rest follows COLDSTART_WARM_* / defaults
@@ -490,6 +488,7 @@ class _BackgroundWarm:
                 self._record_only(paths, kw, pagecache=False)
                 self._tl.mark(EventName.WARM_START, files=len(paths), mode="deferred: warmed from outside",
                               recording=self.recording is not None)
+                self.started.set()
                 self._first_token.wait()
                 kw = {**kw, "record": "off", "rest": "now"}
                 from coldstart.warm.base import background_priority
@@ -517,6 +516,8 @@ class _BackgroundWarm:
                           mapped_files=len(getattr(plan, "mapped", ())))
         except Exception:  # warming is an optimisation: never a reason to fail the restore
             self.warmer = None
+        finally:
+            self.started.set()
 
     def _record_only(self, paths: list[Path], kw: dict, pagecache: bool) -> None:
         """Record the node's profile without warming (warm.start_recording), in a container only
@@ -637,6 +638,7 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say, r
                       if warms else None)
             if warmer is not None:
                 undo.callback(warmer.cancel)
+            _import_beside_criu(warmer.started if warmer is not None else None)
             eng = _criu_wait(popen, snap, m, st, tl, undo, opts.timeout)
             checks.watch(eng.pids(), eng.spec.log_path)
             if warmer is not None:
@@ -753,6 +755,8 @@ class _Checks:
 
     def _run(self) -> None:
         try:
+            from coldstart.pipeline import integrity  # here, beside CRIU: not before the restore starts
+
             for files in self._groups:
                 st = integrity.verify(self.snap, files, self.mode, on_file=self.reading.append)
                 for k in self._stats:
@@ -834,9 +838,7 @@ class _Checks:
 
 def _start_verify(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline) -> _Checks:
     mode = opts.verify if isinstance(opts.verify, str) else ("full" if opts.verify else "auto")
-    if mode not in integrity.VERIFY_MODES:
-        raise RestoreFailed(f"unknown verify mode {mode!r} (expected one of {', '.join(integrity.VERIFY_MODES)})")
-    return _Checks(snap, m, mode, tl)
+    return _Checks(snap, m, mode, tl)  # (integrity.verify refuses a mode it does not know, in one line)
 
 
 @dataclass
@@ -958,6 +960,29 @@ def _criu_failure(log: Path, stderr: str, name: str) -> str:
     return f"criu restore failed (log {_keep_failed_log(log, name)}): {said}"
 
 
+def _import_beside_criu(warm_started: threading.Event | None) -> None:
+    """Import what the phases after CRIU's resume use, on a thread while CRIU restores: before CRIU
+    starts these imports would delay it, after its resume they would lengthen the start (requests,
+    the engine client's HTTP, alone takes ~0.05-0.09 s: results/spot-checks/restore-imports). Once the
+    warmer's reads have begun, whose own start (numpy, its plan) they would otherwise delay on a cold
+    node. A phase that gets there first imports what it needs itself (Python's import lock)."""
+    def run() -> None:
+        if warm_started is not None:
+            warm_started.wait(1.0)
+        try:
+            import psutil  # noqa: F401
+            import requests  # noqa: F401
+
+            import coldstart.engine.client  # noqa: F401
+            import coldstart.engine.gate  # noqa: F401  (the client's token header; it brings asyncio)
+            import coldstart.pipeline.canary  # noqa: F401
+            import coldstart.pipeline.checkpoint  # noqa: F401
+        except Exception:  # noqa: BLE001 - the phase that needs the module meets the error itself
+            pass
+
+    threading.Thread(target=run, name="coldstart-imports", daemon=True).start()
+
+
 def _criu_wait(popen: subprocess.Popen, snap: Path, m: Manifest, st: RestoreState, tl: Timeline,
                undo: contextlib.ExitStack, timeout: float):
     """Wait until CRIU has resumed the tree; returns the attached engine."""
@@ -1058,6 +1083,8 @@ def _wake_and_reload(client, snap: Path, m: Manifest, opts: RestoreOptions, tl: 
     mode = "map" if opts.reload_mode == "auto" and warming else opts.reload_mode
     # (from this process's environment: the restored worker's is the checkpoint's)
     overlap = {"0": False, "1": True}.get(os.environ.get(PREPACK_OVERLAP_ENV, ""), "auto")
+    from coldstart.pipeline.checkpoint import reload_weights
+
     res = reload_weights(client, snap, m.weights, mode=mode, overlap=overlap)
     dt = time.monotonic() - t
     nbytes = int(m.weights.get("bytes", 0))
@@ -1092,6 +1119,8 @@ def _settle(client, tl: Timeline) -> None:
 def _canary(client, m: Manifest, tl: Timeline, checks: _Checks) -> str:
     """The recorded answer must come back, and every digest must match, before anything is served
     (a digest failure is named in preference to the canary's symptom of it)."""
+    from coldstart.pipeline.canary import check as check_canary
+
     bad, text = checks.guard(check_canary, client, m.canary)
     checks.join()
     if bad:
