@@ -561,5 +561,3 @@ def find_worker_pid(pids: list[int] | EngineProcess) -> int:
         if key in found:
             return found[key]
     raise ColdstartError(f"no vLLM worker process among PIDs {pids}")
-
-

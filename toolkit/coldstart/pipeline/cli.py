@@ -132,9 +132,10 @@ def snapshot_ls(roots: List[Path] = typer.Argument(None, help="Snapshot dirs, or
     if not roots and not Path("snapshots").is_dir():
         raise ColdstartError("no ./snapshots here (where `coldstart checkpoint` writes by default); "
                              "name the snapshot dirs, or the dirs that hold them")
-    found = find(list(roots or [Path("snapshots")]))
+    roots = list(roots or [Path("snapshots")])
+    found = find(roots)
     if not found and not as_json:
-        print(f"no snapshots in {', '.join(map(str, roots or [Path('snapshots')]))}", file=sys.stderr)
+        print(f"no snapshots in {', '.join(map(str, roots))}", file=sys.stderr)
     for s in found:
         if as_json:
             print(json.dumps({"path": str(s.path), "state": s.state, "bytes": s.bytes, "model": s.model,

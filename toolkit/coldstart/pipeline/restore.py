@@ -35,7 +35,7 @@ from coldstart.criu.restore import alive
 from coldstart.errors import ColdstartError
 from coldstart.fsutil import will_need
 from coldstart.netutil import client_host, free_port, is_loopback, port_free
-from coldstart.pipeline import affinity, hostfacts
+from coldstart.pipeline import affinity, hostfacts, integrity
 from coldstart.pipeline.events import EventName, Timeline
 from coldstart.pipeline.manifest import Manifest, read_manifest, validate_against_host
 from coldstart.pipeline.netns import Forwarder, wrap_argv
@@ -755,8 +755,6 @@ class _Checks:
 
     def _run(self) -> None:
         try:
-            from coldstart.pipeline import integrity  # here, beside CRIU: not before the restore starts
-
             for files in self._groups:
                 st = integrity.verify(self.snap, files, self.mode, on_file=self.reading.append)
                 for k in self._stats:
@@ -838,7 +836,9 @@ class _Checks:
 
 def _start_verify(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline) -> _Checks:
     mode = opts.verify if isinstance(opts.verify, str) else ("full" if opts.verify else "auto")
-    return _Checks(snap, m, mode, tl)  # (integrity.verify refuses a mode it does not know, in one line)
+    if mode not in integrity.VERIFY_MODES:
+        raise RestoreFailed(f"unknown verify mode {mode!r} (expected one of {', '.join(integrity.VERIFY_MODES)})")
+    return _Checks(snap, m, mode, tl)
 
 
 @dataclass
