@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from coldstart.engine.client import EngineClient
-from coldstart.pipeline.restore import RestoreOptions, restore
+from coldstart.pipeline.restore import RestoreFailed, RestoreOptions, restore
 
 from .conftest import PROMPTS, free_port, unlink_copy
 
@@ -336,6 +336,46 @@ def test_fallback_engine_dies_under_a_live_api_server(snapshot, monkeypatch):
     monkeypatch.setattr(restore_mod, "_wait_server", wait_then_kill)
     reason = _fallback(snap, m, verify="off")
     assert killed and f"pid {killed[0]}" in reason and "exited" in reason, reason
+    _assert_names_kept_server_log(reason)
+
+
+def _assert_names_kept_server_log(reason: str) -> None:
+    """The reason names the restored server's log where it outlives the restore's directory."""
+    from coldstart.state import failed_dir
+
+    log = Path(reason.split("(log ", 1)[1].split(")", 1)[0])
+    assert log.parent == failed_dir() and log.name.endswith("-server.log"), reason
+    assert log.stat().st_size > 0, log
+
+
+def test_a_server_gone_after_its_canary_is_named_not_the_refused_call(snapshot, monkeypatch):
+    """The API server killed after the canary, just before the restore opens its gate (a call no
+    watch guards): the failure names the process that exited and its kept log, not only the refused
+    connection that followed."""
+    import signal
+
+    from coldstart.pipeline import restore as restore_mod
+
+    snap, m = snapshot
+    assert m.gated
+    real_wait, real_open, servers, killed = restore_mod._wait_server, EngineClient.open_gate, [], []
+
+    def wait(eng, *args, **kw):
+        servers.append(eng)
+        return real_wait(eng, *args, **kw)
+
+    def kill_then_open(client):
+        killed.append(servers[-1].root_pid)  # the API server: the restored tree's root
+        os.kill(killed[-1], signal.SIGKILL)
+        return real_open(client)
+
+    monkeypatch.setattr(restore_mod, "_wait_server", wait)
+    monkeypatch.setattr(EngineClient, "open_gate", kill_then_open)
+    with pytest.raises(RestoreFailed) as e:
+        restore(RestoreOptions(snapshot=snap, fallback=False, verify="off", port=free_port()), say=print)
+    reason = str(e.value)
+    assert killed and f"pid {killed[0]}" in reason and "exited" in reason and "then " in reason, reason
+    _assert_names_kept_server_log(reason)
 
 
 def test_fallback_missing_criu(snapshot, monkeypatch):

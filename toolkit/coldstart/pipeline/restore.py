@@ -214,7 +214,7 @@ def restore(opts: RestoreOptions, say: Callable[[str], None] = print) -> Restore
             res.mount, res.runtime, res.lazy_log = mnt, rt, outer
             return res
     except Exception as e:  # the entrypoint's promise: whatever went wrong, still serve (cold)
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        reason = _first_line(e)
         if not isinstance(e, (ColdstartError, OSError, subprocess.SubprocessError, TimeoutError)):
             reason = f"{type(e).__name__}: {reason}"  # unexpected: name the exception type too
         # a chunk the registry serves damaged is the cause; what CRIU or the server said of its EIO, the symptom
@@ -231,6 +231,10 @@ def restore(opts: RestoreOptions, say: Callable[[str], None] = print) -> Restore
         res = fall_back(reason, m, opts, tl, say, rt)
         res.runtime = rt
         return res
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
 def _mount(ref: str, mountpoint: Path, tl: Timeline, say: Callable[[str], None]):
@@ -640,13 +644,13 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say, r
                 undo.callback(warmer.cancel)
             _import_beside_criu(warmer.started if warmer is not None else None)
             eng = _criu_wait(popen, snap, m, st, tl, undo, opts.timeout)
-            checks.watch(eng.pids(), eng.spec.log_path)
+            checks.watch(eng.pids(), _failed_log_path(st.dir.name, "server"))
             if warmer is not None:
                 warmer.criu_done()
             if ahead is not None:
                 tl.get(EventName.RESTORE_DONE).attrs.update(ahead.result())
             check_url, base_url, fwd, check_fwd = _connect(eng, m, st, opts, undo)
-            client = _wait_server(eng, check_url, opts, tl, m, say, checks)
+            client = _wait_server(eng, check_url, opts, tl, m, say, checks, _failed_log_path(st.dir.name, "server"))
             checks.guard(_wake_and_reload, client, snap, m, opts, tl, warmer is not None)
             if opts.before_canary is not None:
                 opts.before_canary(eng)
@@ -658,10 +662,13 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say, r
             if fwd is not None:
                 check_fwd.close()
                 fwd.start()
-        except Exception as e:  # noqa: BLE001 - re-raised unless a damaged file explains it
+        except Exception as e:  # noqa: BLE001 - re-raised unless a damaged file or a dead process explains it
             bad = checks.failure(timeout=60)  # a damaged file: name it, not the symptom it caused
             if bad:
                 raise RestoreFailed(bad) from e
+            gone = checks.exited()  # e.g. a call refused because the API server is gone
+            if gone and gone not in str(e):
+                raise RestoreFailed(f"{gone}; then {_first_line(e)}") from e
             raise
         ft = tl.mark(EventName.FIRST_TOKEN)
         ft.attrs.update(image_pages_in_use(eng.root_pid) or {"pages_mapped_bytes": None})  # (after the mark)
@@ -935,21 +942,25 @@ def _criu_start(criu: str, mmap: bool, snap: Path, m: Manifest, st: RestoreState
 FAILED_LOGS_KEPT = 20
 
 
-def _keep_failed_log(log: Path, name: str) -> Path:
-    """A copy of a failed restore's CRIU log that outlives the restore's directory (state.failed_dir,
-    the latest FAILED_LOGS_KEPT); ``log`` itself where it cannot be copied."""
-    from coldstart.state import failed_dir
-
+def _keep_failed_log(log: Path, name: str, kind: str = "restore") -> Path:
+    """A copy of a failed restore's log (``kind``: "restore", CRIU's; "server", the restored
+    server's) that outlives the restore's directory (state.failed_dir, the latest FAILED_LOGS_KEPT
+    of each kind); ``log`` itself where it cannot be copied."""
     try:
-        d = failed_dir()
-        d.mkdir(parents=True, exist_ok=True)
-        kept = d / f"{name}-restore.log"
+        kept = _failed_log_path(name, kind)
+        kept.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(log, kept)
-        for old in sorted(d.glob("*-restore.log"), key=lambda f: f.stat().st_mtime)[:-FAILED_LOGS_KEPT]:
+        for old in sorted(kept.parent.glob(f"*-{kind}.log"), key=lambda f: f.stat().st_mtime)[:-FAILED_LOGS_KEPT]:
             old.unlink(missing_ok=True)
         return kept
     except OSError:
         return log
+
+
+def _failed_log_path(name: str, kind: str) -> Path:
+    from coldstart.state import failed_dir
+
+    return failed_dir() / f"{name}-{kind}.log"
 
 
 def _criu_failure(log: Path, stderr: str, name: str) -> str:
@@ -1015,6 +1026,9 @@ def _criu_wait(popen: subprocess.Popen, snap: Path, m: Manifest, st: RestoreStat
     tl.mark(EventName.RESTORE_DONE, pid=root_pid, threads_bound=bound, **({"unbound": unbound_why} if unbound_why else {}))
     write_owner(st.dir, snap, server_pid=root_pid)
     eng.shm_paths = lambda: set()  # its /dev/shm is a private tmpfs: never unlink the host's files
+    # a later phase's failure names the server's log where it outlives this restore's directory:
+    # copied there once the server has stopped (the callbacks run last-in, first-out)
+    undo.callback(_keep_failed_log, spec.log_path, st.dir.name, "server")
     undo.callback(lambda: (eng.stop(timeout=5), _reap(root_pid)))
     return eng
 
@@ -1038,7 +1052,8 @@ def _connect(eng, m: Manifest, st: RestoreState, opts: RestoreOptions, undo: con
 
 
 def _wait_server(eng, base_url: str, opts: RestoreOptions, tl: Timeline, m: Manifest, say,
-                 checks: "_Checks | None" = None):
+                 checks: "_Checks | None" = None, log: Path | None = None):
+    """Wait for the restored server's /health; ``log``: where a failure says its log is (kept)."""
     from coldstart.engine.client import EngineClient
 
     client = EngineClient(base_url, timeout=opts.timeout, token=m.control_token or None)
@@ -1050,7 +1065,7 @@ def _wait_server(eng, base_url: str, opts: RestoreOptions, tl: Timeline, m: Mani
         if bad:
             raise RestoreFailed(bad)
         if not eng.alive():
-            raise RestoreFailed(f"the restored server exited (pid {eng.root_pid}; log {eng.spec.log_path})")
+            raise RestoreFailed(f"the restored server exited (pid {eng.root_pid}; log {log or eng.spec.log_path})")
         gone = checks.exited() if checks is not None else None
         if gone:
             raise RestoreFailed(gone)
