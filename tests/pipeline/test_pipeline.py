@@ -354,17 +354,20 @@ def test_a_server_gone_after_its_canary_is_named_not_the_refused_call(snapshot, 
     connection that followed."""
     import signal
 
+    import psutil
+
     from coldstart.pipeline import restore as restore_mod
 
     snap, m = snapshot
     assert m.gated
-    real_wait, real_open, servers, killed = restore_mod._wait_server, EngineClient.open_gate, [], []
+    real_wait, real_open, servers, killed, tree = restore_mod._wait_server, EngineClient.open_gate, [], [], []
 
     def wait(eng, *args, **kw):
         servers.append(eng)
         return real_wait(eng, *args, **kw)
 
     def kill_then_open(client):
+        tree.extend(psutil.Process(p) for p in servers[-1].pids())
         killed.append(servers[-1].root_pid)  # the API server: the restored tree's root
         os.kill(killed[-1], signal.SIGKILL)
         return real_open(client)
@@ -376,6 +379,10 @@ def test_a_server_gone_after_its_canary_is_named_not_the_refused_call(snapshot, 
     reason = str(e.value)
     assert killed and f"pid {killed[0]}" in reason and "exited" in reason and "then " in reason, reason
     _assert_names_kept_server_log(reason)
+    # the rest of the tree is gone too by the time the restore says so (its mappings would hold a
+    # mounted snapshot busy)
+    left = [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert len(tree) > 1 and not left, left
 
 
 def test_fallback_missing_criu(snapshot, monkeypatch):
