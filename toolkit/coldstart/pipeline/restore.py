@@ -359,6 +359,7 @@ READ_AHEAD_ENV = "COLDSTART_CRIU_READ_AHEAD"
 # weights file is not all in the page cache (sleep_worker._overlap_prepack)
 PREPACK_OVERLAP_ENV = "COLDSTART_PREPACK_OVERLAP"
 WARM_AFTER_CRIU_ENV = "COLDSTART_WARM_AFTER_CRIU"  # "1": the warmer's reads wait for CRIU's resume (to compare)
+IMPORTS_ENV = "COLDSTART_IMPORTS_BESIDE_CRIU"  # "0": no import thread beside CRIU (to compare)
 
 
 class ReadAhead:
@@ -483,9 +484,6 @@ class _BackgroundWarm:
 
     def _run(self, paths: list[Path], kw: dict) -> None:
         try:
-            from coldstart.warm import start_warming  # type: ignore[attr-defined]
-            from coldstart.warm.residency import sampled_resident_fraction
-
             deferred = self._host_warms(paths, kw)
             if deferred:  # (marked now: the timeline is reported at the first token)
                 self._deferred = True
@@ -493,12 +491,17 @@ class _BackgroundWarm:
                 self._tl.mark(EventName.WARM_START, files=len(paths), mode="deferred: warmed from outside",
                               recording=self.recording is not None)
                 self.started.set()
+                # the warmer (and numpy) are imported once the first token is out: beside CRIU they
+                # took its CPU and held back _import_beside_criu (results/spot-checks/defer-warm-import)
                 self._first_token.wait()
                 kw = {**kw, "record": "off", "rest": "now"}
                 from coldstart.warm.base import background_priority
 
                 background_priority()  # (its readers, started from this thread, inherit it)
-            elif ("mode" not in kw and kw.get("record") != "force"  # (warming not asked for explicitly)
+            from coldstart.warm import start_warming  # type: ignore[attr-defined]
+            from coldstart.warm.residency import sampled_resident_fraction
+
+            if (not deferred and "mode" not in kw and kw.get("record") != "force"  # (not asked for explicitly)
                     and all(sampled_resident_fraction(p) >= 0.99 for p in paths)):
                 # all in the page cache already (another restore of this snapshot just ran, or it was
                 # just pulled): reading it again would only take CPU from this restore and any beside it
@@ -553,10 +556,10 @@ class _BackgroundWarm:
         profile to follow (without one this restore records it, and must warm to do so)."""
         if os.environ.get(HOST_WARMS_ENV) != "1" or kw.get("record") == "force" or kw.get("profile") == "off":
             return False
-        from coldstart.warm import snapshot as snapmod
+        from coldstart.warm import where
 
-        root = snapmod.snapshot_root(paths)
-        return root is not None and snapmod.resolve_profile(root) is not None
+        root = where.snapshot_root(paths)
+        return root is not None and where.resolve_profile(root) is not None
 
     def at_first_token(self):
         """Stop recording the access profile and save it; let the warm go on with the ranges the
@@ -977,6 +980,9 @@ def _import_beside_criu(warm_started: threading.Event | None) -> None:
     the engine client's HTTP, alone takes ~0.05-0.09 s: results/spot-checks/restore-imports). Once the
     warmer's reads have begun, whose own start (numpy, its plan) they would otherwise delay on a cold
     node. A phase that gets there first imports what it needs itself (Python's import lock)."""
+    if os.environ.get(IMPORTS_ENV, "1") == "0":
+        return
+
     def run() -> None:
         if warm_started is not None:
             warm_started.wait(1.0)

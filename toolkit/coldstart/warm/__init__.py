@@ -6,30 +6,25 @@ Warming never raises for a bad file: it records the error and warms the rest.
 """
 from __future__ import annotations
 
-import logging
 import os
-import sys
 from pathlib import Path
 
+from coldstart.warm.where import snapshot_id  # noqa: F401 (re-exported)
 
-def _import_numpy_without_blas_threads() -> None:
-    """Import numpy with OpenBLAS limited to one thread. Warming does no linear algebra, but OpenBLAS
-    starts a thread per CPU at load that spins for a while: ~0.09 CPU-s during a restore's entrypoint
-    on 2 cores (a whole-machine profile). The variable is set only around the import, so a process
-    started later (a cold boot's vLLM) does not inherit it; numpy already loaded is left as it is."""
-    if "numpy" in sys.modules or "OPENBLAS_NUM_THREADS" in os.environ:
-        return
-    os.environ["OPENBLAS_NUM_THREADS"] = "1"
-    try:
-        import numpy  # noqa: F401
-    finally:
-        del os.environ["OPENBLAS_NUM_THREADS"]
+# What the package re-exports from its modules, loaded on first use: importing the package (e.g. for
+# coldstart.warm.where) loads no warmer and no numpy (where.py says why).
+_LAZY = {"NullWarmer": "base", "Range": "base", "WarmStats": "base", "Warmer": "base",
+         "ResidencySampler": "residency", "evict": "residency", "expand_paths": "residency",
+         "resident_bytes": "residency"}
 
 
-_import_numpy_without_blas_threads()
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
 
-from coldstart.warm.base import NullWarmer, Range, WarmStats, Warmer  # noqa: E402
-from coldstart.warm.residency import ResidencySampler, evict, expand_paths, resident_bytes  # noqa: E402
+        return getattr(importlib.import_module(f"coldstart.warm.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["start_warming", "make_warmer", "warm_modes", "default_profile", "Warmer", "WarmStats", "Range",
            "ResidencySampler", "resident_bytes", "evict", "MODES"]
@@ -77,21 +72,12 @@ def make_warmer(paths: list[Path] | list[str], *, mode: str = "native", profile:
             kw["procs"] = threads
         return VmtouchWarmer(paths, profile=profile, order=order, progress=progress, **kw)
     if mode == "none":
+        from coldstart.warm.base import NullWarmer
+
         return NullWarmer(paths)
     from coldstart.errors import ColdstartError
 
     raise ColdstartError(f"unknown warming mode {mode!r} (choose from {', '.join(MODES)})")
-
-
-def snapshot_id(root: Path) -> str:
-    """Identity of a snapshot for its profile: the manifest's model digest and creation time."""
-    import json
-
-    try:
-        m = json.loads((Path(root) / "manifest.json").read_text())
-        return f"{str(m.get('model_digest', ''))[:16]}@{m.get('created_at', '')}"
-    except (OSError, ValueError, AttributeError):
-        return ""
 
 
 def start_recording(paths: list[Path] | list[str], *, old_pids: set[int] | None = None,
@@ -102,11 +88,15 @@ def start_recording(paths: list[Path] | list[str], *, old_pids: set[int] | None 
     ``pagecache`` False: the page cache shows that reader's order). Without it such a node would keep
     following the shipped profile, which names neither the container entrypoint's files nor this
     node's libraries. A RecordingWarmer (end_recording() saves, cancel() drops), or None."""
-    from coldstart.warm import snapshot as snapmod
+    from coldstart.warm import where
 
-    root = snapmod.snapshot_root(paths)
-    if root is None or not snapmod.node_lacks_profile(root):
+    root = where.snapshot_root(paths)
+    if root is None or not where.node_lacks_profile(root):
         return None
+    from coldstart.warm import snapshot as snapmod
+    from coldstart.warm.base import NullWarmer
+    from coldstart.warm.residency import expand_paths
+
     return snapmod.RecordingWarmer(NullWarmer(paths), root, [p for p in expand_paths(list(paths)) if p.is_file()],
                                    snapshot_id=snapshot_id(root), old_pids=old_pids, others=others,
                                    pagecache=pagecache).start()
@@ -134,7 +124,10 @@ def start_warming(paths: list[Path] | list[str], *, mode: str | None = None, pro
     recorder watches the others: the restored tree). ``others``: files another reader reads whole
     from when they are appended (ProfileRecorder). Never raises for a bad file or profile: errors land in
     ``wait().errors``."""
+    import logging
+
     from coldstart.warm import snapshot as snapmod
+    from coldstart.warm.residency import expand_paths
 
     mode = mode or snapmod.env_mode()
     if mode == "native" and "method" not in kw and os.environ.get("COLDSTART_WARM_METHOD"):

@@ -36,14 +36,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
+from coldstart.warm._numpy import np
 
 from coldstart.errors import ColdstartError
 from coldstart.warm.base import Range
 from coldstart.warm.residency import PAGE, PresentScan, _mincore_fd, expand_paths
+from coldstart.warm.where import PROFILE_NAME  # noqa: F401 (re-exported: its callers import it from here)
 
 PROFILE_VERSION = 1
-PROFILE_NAME = "profile.json"
 MERGE_GAP = 256 * 1024  # runs closer than this in one sample become one range (readahead-sized)
 
 

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
+from coldstart.warm._numpy import np
 
 PAGE = mmap.PAGESIZE
 _WINDOW = 1 << 30  # map at most 1 GiB at a time: bounds the vector and the address-space use

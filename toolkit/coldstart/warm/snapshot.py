@@ -26,9 +26,10 @@ import os
 import threading
 from pathlib import Path
 
-from coldstart.state import profiles_dir
 from coldstart.warm.base import Range, WarmStats
-from coldstart.warm.profile import PROFILE_NAME, ProfileRecorder, own_files_ranges
+from coldstart.warm.profile import ProfileRecorder, own_files_ranges
+from coldstart.warm.where import (PROFILE_NAME, node_lacks_profile, node_profile, resolve_profile,  # noqa: F401
+                                  should_record, snapshot_root)  # (re-exported: where they were)
 
 log = logging.getLogger("coldstart.warm")
 
@@ -37,56 +38,8 @@ log = logging.getLogger("coldstart.warm")
 RECORD_MAX_S = 120.0
 
 
-def snapshot_root(paths: list[Path] | list[str]) -> Path | None:
-    """The snapshot directory the paths belong to: the nearest ancestor with a manifest.json."""
-    for p in map(Path, paths):
-        p = p.absolute()
-        for d in [p, *p.parents] if p.is_dir() else p.parents:
-            if (d / "manifest.json").is_file():
-                return d
-    return None
-
-
 def env_mode(default: str = "native") -> str:
     return os.environ.get("COLDSTART_WARM_MODE", default) or default
-
-
-def resolve_profile(root: Path | None) -> Path | None:
-    """The profile to follow under the COLDSTART_WARM_PROFILE policy."""
-    pol = os.environ.get("COLDSTART_WARM_PROFILE", "auto")
-    if pol == "off":
-        return None
-    if pol not in ("auto", ""):
-        return Path(pol)
-    node = node_profile(root) if root is not None else None
-    if node is not None and node.is_file():
-        return node
-    return root / PROFILE_NAME if root is not None and (root / PROFILE_NAME).is_file() else None
-
-
-def node_profile(root: Path) -> Path | None:
-    """Where this node keeps the profile it recorded for the snapshot at ``root`` (by snapshot id,
-    so a moved or read-only copy finds it too); None when the snapshot has no id."""
-    import xxhash
-
-    from coldstart.warm import snapshot_id
-
-    sid = snapshot_id(root)
-    return profiles_dir() / xxhash.xxh3_64(sid.encode()).hexdigest() / PROFILE_NAME if sid else None
-
-
-def should_record(root: Path | None, profile: Path | None) -> bool:
-    pol = os.environ.get("COLDSTART_WARM_RECORD", "auto")
-    node = node_profile(root) if root is not None else None
-    if pol == "off" or node is None:
-        return False
-    return pol == "force" or profile is None or not node.is_file()
-
-
-def node_lacks_profile(root: Path | None) -> bool:
-    """Whether a restore of the snapshot at ``root`` should record this node's profile although it
-    does not warm (COLDSTART_WARM_RECORD auto: while the node has none; force: always)."""
-    return should_record(root, Path(PROFILE_NAME))
 
 
 class RecordingWarmer:
