@@ -33,7 +33,7 @@ from coldstart.criu import server as _criu
 from coldstart.criu import logs as criu_logs
 from coldstart.criu.restore import alive
 from coldstart.errors import ColdstartError
-from coldstart.fsutil import will_need
+from coldstart.fsutil import looks_cached, will_need
 from coldstart.netutil import client_host, free_port, is_loopback, port_free
 from coldstart.pipeline import affinity, hostfacts, integrity
 from coldstart.pipeline.events import EventName, Timeline
@@ -443,6 +443,7 @@ class _BackgroundWarm:
                  old_pids: set[int] | None = None, others: list[Path] | None = None):
         import threading
 
+        self.paths = paths
         self.warmer = None
         self.recording = None  # a profile recorder without a warmer (_record_only)
         self._tl = tl
@@ -645,7 +646,8 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say, r
                       if warms else None)
             if warmer is not None:
                 undo.callback(warmer.cancel)
-            _import_beside_criu(warmer.started if warmer is not None else None)
+            _import_beside_criu(warmer.started if warmer is not None else None,
+                                warmer.paths[0] if warmer is not None and warmer.paths else None)
             eng = _criu_wait(popen, snap, m, st, tl, undo, opts.timeout)
             checks.watch(eng.pids(), _failed_log_path(st.dir.name, "server"))
             if warmer is not None:
@@ -974,17 +976,20 @@ def _criu_failure(log: Path, stderr: str, name: str) -> str:
     return f"criu restore failed (log {_keep_failed_log(log, name)}): {said}"
 
 
-def _import_beside_criu(warm_started: threading.Event | None) -> None:
+def _import_beside_criu(warm_started: threading.Event | None, first: Path | None = None) -> None:
     """Import what the phases after CRIU's resume use, on a thread while CRIU restores: before CRIU
     starts these imports would delay it, after its resume they would lengthen the start (requests,
-    the engine client's HTTP, alone takes ~0.05-0.09 s: results/spot-checks/restore-imports). Once the
-    warmer's reads have begun, whose own start (numpy, its plan) they would otherwise delay on a cold
-    node. A phase that gets there first imports what it needs itself (Python's import lock)."""
+    the engine client's HTTP, alone takes ~0.05-0.09 s: results/spot-checks/restore-imports). On a
+    cold node, once the warmer's reads have begun, whose own start (numpy, its plan) they would
+    otherwise delay; on a warm one (``first``, the first file the warmer reads, in the page cache) at
+    once: there the warmer has nothing to hurry for, and its plan had held them past CRIU's resume
+    (results/spot-checks/imports-wait). A phase that gets there first imports what it needs itself
+    (Python's import lock)."""
     if os.environ.get(IMPORTS_ENV, "1") == "0":
         return
 
     def run() -> None:
-        if warm_started is not None:
+        if warm_started is not None and not (first is not None and looks_cached(first)):
             warm_started.wait(1.0)
         try:
             import psutil  # noqa: F401
