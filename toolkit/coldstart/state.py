@@ -42,6 +42,6 @@ def restores_dir() -> Path:
 
 
 def failed_dir() -> Path:
-    """CRIU's logs of the restores that failed here (the latest few): a failed restore's own directory
-    goes with it, and its error names the copy kept here."""
+    """The logs of the restores that failed here, CRIU's and the restored server's (the latest few of
+    each): a failed restore's own directory goes with it, and its error names the copy kept here."""
     return state_dir() / "failed"
