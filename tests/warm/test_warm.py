@@ -962,29 +962,6 @@ def test_sampled_residency_tracks_the_page_cache(tmp_path):
     assert sampled_resident_fraction(empty) == 1.0
 
 
-def test_looks_cached_asks_the_page_cache_without_reading(tmp_path):
-    """fsutil.looks_cached (RWF_NOWAIT samples): an evicted file is not, and asking brings in no
-    more than the read-ahead of its first miss; a read one is; half read is not; a missing file is
-    not; an empty one is."""
-    from coldstart.fsutil import looks_cached
-    from coldstart.warm.residency import sampled_resident_fraction
-
-    f = _write(tmp_path / "nowait.bin", 8 << 20)
-    evict(f)
-    assert not looks_cached(f) and sampled_resident_fraction(f, samples=64) <= 1 / 16
-    f.read_bytes()
-    assert looks_cached(f)
-    evict(f)
-    with open(f, "rb") as fh:
-        os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_RANDOM)
-        fh.read(4 << 20)
-    assert not looks_cached(f)
-    assert not looks_cached(tmp_path / "missing.bin")
-    empty = tmp_path / "empty.bin"
-    empty.write_bytes(b"")
-    assert looks_cached(empty)
-
-
 def test_will_need_brings_in_a_whole_range_the_kernel_would_cut_short(tmp_path):
     """One POSIX_FADV_WILLNEED call reads at most the device's read-ahead or request size (8 MiB on
     the VMs here) and drops the rest; fsutil.will_need asks in pieces, so all of the range comes in."""

@@ -33,7 +33,7 @@ from coldstart.criu import server as _criu
 from coldstart.criu import logs as criu_logs
 from coldstart.criu.restore import alive
 from coldstart.errors import ColdstartError
-from coldstart.fsutil import looks_cached, will_need
+from coldstart.fsutil import sampled_resident_fraction, will_need
 from coldstart.netutil import client_host, free_port, is_loopback, port_free
 from coldstart.pipeline import affinity, hostfacts, integrity
 from coldstart.pipeline.events import EventName, Timeline
@@ -500,7 +500,6 @@ class _BackgroundWarm:
 
                 background_priority()  # (its readers, started from this thread, inherit it)
             from coldstart.warm import start_warming  # type: ignore[attr-defined]
-            from coldstart.warm.residency import sampled_resident_fraction
 
             if (not deferred and "mode" not in kw and kw.get("record") != "force"  # (not asked for explicitly)
                     and all(sampled_resident_fraction(p) >= 0.99 for p in paths)):
@@ -649,13 +648,14 @@ def _restore(snap: Path, m: Manifest, opts: RestoreOptions, tl: Timeline, say, r
             _import_beside_criu(warmer.started if warmer is not None else None,
                                 warmer.paths[0] if warmer is not None and warmer.paths else None)
             eng = _criu_wait(popen, snap, m, st, tl, undo, opts.timeout)
-            checks.watch(eng.pids(), _failed_log_path(st.dir.name, "server"))
+            server_log = _failed_log_path(st.dir.name, "server")  # where a failure from here on keeps it
+            checks.watch(eng.pids(), server_log)
             if warmer is not None:
                 warmer.criu_done()
             if ahead is not None:
                 tl.get(EventName.RESTORE_DONE).attrs.update(ahead.result())
             check_url, base_url, fwd, check_fwd = _connect(eng, m, st, opts, undo)
-            client = _wait_server(eng, check_url, opts, tl, m, say, checks, _failed_log_path(st.dir.name, "server"))
+            client = _wait_server(eng, check_url, opts, tl, m, say, checks, server_log)
             checks.guard(_wake_and_reload, client, snap, m, opts, tl, warmer is not None)
             if opts.before_canary is not None:
                 opts.before_canary(eng)
@@ -981,15 +981,21 @@ def _import_beside_criu(warm_started: threading.Event | None, first: Path | None
     starts these imports would delay it, after its resume they would lengthen the start (requests,
     the engine client's HTTP, alone takes ~0.05-0.09 s: results/spot-checks/restore-imports). On a
     cold node, once the warmer's reads have begun, whose own start (numpy, its plan) they would
-    otherwise delay; on a warm one (``first``, the first file the warmer reads, in the page cache) at
-    once: there the warmer has nothing to hurry for, and its plan had held them past CRIU's resume
+    otherwise delay; on a warm one (``first``, the first file the warmer reads, in the page cache:
+    8 pages sampled with mincore) at once: there the warmer has nothing to hurry for, and its plan had held them past CRIU's resume
     (results/spot-checks/imports-wait). A phase that gets there first imports what it needs itself
     (Python's import lock)."""
     if os.environ.get(IMPORTS_ENV, "1") == "0":
         return
 
+    def cached() -> bool:
+        try:
+            return first is not None and sampled_resident_fraction(first, samples=8) >= 1.0
+        except OSError:
+            return False
+
     def run() -> None:
-        if warm_started is not None and not (first is not None and looks_cached(first)):
+        if warm_started is not None and not cached():
             warm_started.wait(1.0)
         try:
             import psutil  # noqa: F401

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from coldstart.fsutil import sampled_resident_fraction  # noqa: F401 (numpy-free, so it lives there)
 from coldstart.warm._numpy import np
 
 PAGE = mmap.PAGESIZE
@@ -211,35 +212,6 @@ def resident_bytes(path: Path | str) -> tuple[int, int]:
     if vec[-1] and size % PAGE:
         resident -= PAGE - size % PAGE
     return resident, size
-
-
-def sampled_resident_fraction(path: Path | str, samples: int = 256) -> float:
-    """Estimated fraction of ``path`` in the page cache: mincore of ``samples`` evenly spaced pages
-    (a full scan of a GiB-sized file costs milliseconds, a sample tens of microseconds)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        size = os.fstat(fd).st_size
-        if size == 0:
-            return 1.0
-        npages = (size + PAGE - 1) // PAGE
-        addr = _libc.mmap(None, npages * PAGE, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        if addr in (None, _MAP_FAILED):
-            err = ctypes.get_errno()
-            raise OSError(err, f"mmap for mincore: {os.strerror(err)}")
-        try:
-            picks = sorted({k * npages // max(1, samples) for k in range(min(samples, npages))})
-            vec = (ctypes.c_ubyte * 1)()
-            hits = 0
-            for k in picks:
-                if _libc.mincore(addr + k * PAGE, PAGE, vec) != 0:
-                    err = ctypes.get_errno()
-                    raise OSError(err, f"mincore: {os.strerror(err)}")
-                hits += vec[0] & 1
-        finally:
-            _libc.munmap(addr, npages * PAGE)
-    finally:
-        os.close(fd)
-    return hits / len(picks)
 
 
 def range_resident(fd: int, offset: int, length: int) -> bool:
