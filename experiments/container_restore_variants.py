@@ -8,7 +8,9 @@ VARIANTS: {"name": {"method": "restore" | "restore+hostwarm" (default), "cache":
 the snapshot's files evicted), "env": {...}, "forget": [paths under the node dir
 removed before the start, e.g. "criu-kdat"], "runtime": the OCI runtime its containers run under
 (default: docker_api.oci_runtime's choice), "pod": true (the container joins a pod's network
-namespace, run.create_pod, made before the page cache is dropped), any other key: HostWarm's}}. The
+namespace, run.create_pod, made before the page cache is dropped), "process_from": {"tiny": PROFILE, ...}
+(the node's profile for the start gets the entrypoint's own files, source "process", of that recorded
+profile instead of its own: e.g. one recorded by older code), any other key: HostWarm's}}. The
 snapshots are `coldstart bench container`'s (made in IMAGE under /var/tmp/coldstart-bench-container
 when missing); each is first restored once as new to the node (its access profile recorded), then
 the variants alternate, REPS times. A warm variant follows one unmeasured restore of its own. One
@@ -26,6 +28,7 @@ from coldstart.bench import host
 from coldstart.warm.residency import drop_caches, evict_all
 from coldstart.containers import docker_api
 from coldstart.state import node_dir
+from coldstart.warm import where
 
 image, sizes, reps, out_path, variants = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3]), sys.argv[4], json.loads(sys.argv[5])
 c = docker_api.client(None)
@@ -37,6 +40,21 @@ for size in sizes:
     bc.new_to_node(snap)
     r = bc.one_start(c, image, "restore", model, snap, layers)
     print("first on node", size, r.get("first_token_s"), r.get("error") or "", flush=True)
+recorded = {size: json.loads(where.node_profile(snap).read_text()) for size, (_, snap) in cases.items()}
+
+
+def use_profile(size: str, snap: Path, v: dict) -> None:
+    """The node's profile as recorded, or with the entrypoint's files of v["process_from"][size]."""
+    prof = dict(recorded[size])
+    src = (v.get("process_from") or {}).get(size)
+    if src:
+        other = json.loads(Path(src).read_text())
+        own = [r for r in other["ranges"] if r.get("source") == "process"]
+        prof["ranges"] = own + [r for r in prof["ranges"] if r.get("source") != "process"]
+        prof["files"] = {**prof["files"], **{r["file"]: other["files"][r["file"]] for r in own}}
+    where.node_profile(snap).write_text(json.dumps(prof))
+
+
 rows = []
 keep = len(sys.argv) > 6 and sys.argv[6] == "keep-memory"
 with host.memory_kept() if keep else contextlib.nullcontext(), open(out_path, "a") as out:
@@ -44,11 +62,13 @@ with host.memory_kept() if keep else contextlib.nullcontext(), open(out_path, "a
         for size, (model, snap) in cases.items():
             for name, v in variants.items():
                 method, env = v.get("method", "restore+hostwarm"), v.get("env")
-                shape = {k: x for k, x in v.items() if k not in ("method", "cache", "env", "forget", "runtime", "pod")}
+                shape = {k: x for k, x in v.items()
+                         if k not in ("method", "cache", "env", "forget", "runtime", "pod", "process_from")}
                 if "runtime" in v:  # what oci_runtime answers for this daemon from now on
                     docker_api._runtimes_seen[str(c.api.base_url)] = v["runtime"]
                 forget = lambda: [shutil.rmtree(node_dir() / f, ignore_errors=True) for f in v.get("forget", [])]  # noqa: E731
                 forget()
+                use_profile(size, snap, v)
                 with bc.pod_if(c, image, v.get("pod", False)) as pod:
                     if v.get("cache") in ("warm", "cold-snapshot"):
                         bc.one_start(c, image, method, model, snap, layers, env=env, pod=pod)

@@ -979,3 +979,24 @@ def test_will_need_brings_in_a_whole_range_the_kernel_would_cut_short(tmp_path):
         assert resident_bytes(p)[0] == 96 * MiB
     finally:
         os.close(fd)
+
+
+def test_entrypoint_files_leave_out_what_numpy_brought(tmp_path):
+    """The entrypoint's own files in a recorded profile (own_files_ranges) leave out numpy's modules
+    and the libraries its import mapped: a restore warmed from its host loads them only after its
+    first token, so the host must not read them first. A fresh interpreter, where the warm stage's
+    own import of numpy is the first."""
+    code = """
+import json, sys
+from coldstart.warm import _numpy, profile
+own, sizes = profile.own_files_ranges()
+print(json.dumps({"files": [r.file for r in own], "mapped": sorted(_numpy.MAPPED),
+                  "numpy_dir": _numpy.np.__path__[0], "profile": profile.__file__}))
+"""
+    out = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
+                                    env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}).stdout)
+    assert any("openblas" in p for p in out["mapped"]), out["mapped"]  # else the test proves nothing
+    files = set(out["files"])
+    assert out["profile"] in files and len(files) == len(out["files"])
+    assert not files & set(out["mapped"])
+    assert not [f for f in files if f.startswith(out["numpy_dir"] + os.sep)]
