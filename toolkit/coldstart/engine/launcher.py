@@ -248,6 +248,7 @@ class EngineProcess:
         self._watchdog = None  # launcher._tree_watchdog's pipe, for trees that die with their starter
         self.started_at = time.monotonic()
         self.scratch: Path | None = None  # a run dir made for this server alone: stop() removes it
+        self._seen: dict = {}  # pid -> psutil.Process of the tree, as pids() last found it (stop's strays)
 
     @classmethod
     def attach(cls, spec: EngineSpec, root_pid: int, popen: subprocess.Popen | None = None,
@@ -276,9 +277,11 @@ class EngineProcess:
 
         try:
             root = psutil.Process(self.root_pid)
-            return [self.root_pid] + [c.pid for c in root.children(recursive=True)]
+            tree = [root] + root.children(recursive=True)
         except psutil.NoSuchProcess:
             return []
+        self._seen.update((p.pid, p) for p in tree)
+        return [p.pid for p in tree]
 
     def log_tail(self, n: int = 20) -> str:
         try:
@@ -345,7 +348,10 @@ class EngineProcess:
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM the tree, SIGKILL what is left after ``timeout``; reap; remove its /dev/shm files
-        and its scratch run dir."""
+        and its scratch run dir. Processes of the tree seen before (pids()) that its root no longer
+        leads (the root died first: its namespace's others are being killed, or were orphaned) are
+        killed at once and waited for too: until they are gone their mappings hold the snapshot's
+        files, and a mounted snapshot busy."""
         import psutil
 
         shm = self.shm_paths()
@@ -355,12 +361,20 @@ class EngineProcess:
                 procs.append(psutil.Process(pid))
             except psutil.NoSuchProcess:
                 pass
-        if procs:
+        held = {p.pid for p in procs}
+        strays = [p for pid, p in self._seen.items() if pid not in held and p.is_running()]
+        for p in strays:
             try:
-                procs[0].send_signal(signal.SIGTERM)
+                p.kill()
             except psutil.NoSuchProcess:
                 pass
-            _, alive = psutil.wait_procs(procs, timeout=timeout)
+        if procs or strays:
+            try:
+                if procs:
+                    procs[0].send_signal(signal.SIGTERM)
+            except psutil.NoSuchProcess:
+                pass
+            _, alive = psutil.wait_procs(procs + strays, timeout=timeout)
             for p in alive:
                 try:
                     p.kill()
