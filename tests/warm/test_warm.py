@@ -990,7 +990,7 @@ def test_entrypoint_files_leave_out_what_numpy_brought(tmp_path):
 import json, sys
 from coldstart.warm import _numpy, profile
 own, sizes = profile.own_files_ranges()
-print(json.dumps({"files": [r.file for r in own], "mapped": sorted(_numpy.MAPPED),
+print(json.dumps({"files": [r.file for r in own], "sizes": sorted(sizes), "mapped": sorted(_numpy.MAPPED),
                   "numpy_dir": _numpy.np.__path__[0], "profile": profile.__file__}))
 """
     out = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
@@ -999,4 +999,5 @@ print(json.dumps({"files": [r.file for r in own], "mapped": sorted(_numpy.MAPPED
     files = set(out["files"])
     assert out["profile"] in files and len(files) == len(out["files"])
     assert not files & set(out["mapped"])
+    assert set(out["sizes"]) == files  # (the profile's file sizes: nothing else, numpy's neither)
     assert not [f for f in files if f.startswith(out["numpy_dir"] + os.sep)]

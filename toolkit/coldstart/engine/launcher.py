@@ -355,25 +355,19 @@ class EngineProcess:
         import psutil
 
         shm = self.shm_paths()
-        procs = []
-        for pid in self.pids():
-            try:
-                procs.append(psutil.Process(pid))
-            except psutil.NoSuchProcess:
-                pass
-        held = {p.pid for p in procs}
-        strays = [p for pid, p in self._seen.items() if pid not in held and p.is_running()]
+        procs = [self._seen[pid] for pid in self.pids()]  # (pids() keeps each one's psutil.Process)
+        strays = [p for p in self._seen.values() if p not in procs and p.is_running()]
         for p in strays:
             try:
                 p.kill()
             except psutil.NoSuchProcess:
                 pass
-        if procs or strays:
+        if procs:
             try:
-                if procs:
-                    procs[0].send_signal(signal.SIGTERM)
+                procs[0].send_signal(signal.SIGTERM)
             except psutil.NoSuchProcess:
                 pass
+        if procs or strays:
             _, alive = psutil.wait_procs(procs + strays, timeout=timeout)
             for p in alive:
                 try:

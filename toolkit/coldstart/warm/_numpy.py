@@ -13,24 +13,26 @@ import os
 import sys
 
 
-def _mapped() -> set[str]:
+def mapped_files() -> list[str]:
+    """The paths this process maps (files, and pseudo names such as [heap]), once each, in
+    /proc/self/maps order."""
     try:
         with open("/proc/self/maps") as fh:
-            return {p[5].strip() for p in (ln.split(None, 5) for ln in fh) if len(p) == 6}
+            return list(dict.fromkeys(p[5].strip() for p in (ln.split(None, 5) for ln in fh) if len(p) == 6))
     except OSError:
-        return set()
+        return []
 
 
 MAPPED: frozenset[str] = frozenset()
 if "numpy" not in sys.modules and "OPENBLAS_NUM_THREADS" not in os.environ:
-    _before = _mapped()
+    _before = set(mapped_files())
     os.environ["OPENBLAS_NUM_THREADS"] = "1"
     try:
         import numpy  # noqa: F401
     finally:
         del os.environ["OPENBLAS_NUM_THREADS"]
-    MAPPED = frozenset(_mapped() - _before)
+    MAPPED = frozenset(mapped_files()).difference(_before)
 
 import numpy as np  # noqa: E402
 
-__all__ = ["np", "MAPPED"]
+__all__ = ["np", "MAPPED", "mapped_files"]

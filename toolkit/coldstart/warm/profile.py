@@ -639,7 +639,7 @@ def own_files_ranges() -> tuple[list[ProfileRange], dict[str, int]]:
 
     from coldstart.warm import _numpy
 
-    seen: dict[str, int] = dict.fromkeys(_numpy.MAPPED, 0)  # (left out: numpy's libraries)
+    seen: dict[str, int] = {}
     names: list[str] = []
     for name, m in list(sys.modules.items()):
         if name == "numpy" or name.startswith("numpy."):
@@ -648,14 +648,10 @@ def own_files_ranges() -> tuple[list[ProfileRange], dict[str, int]]:
         for f in (getattr(m, "__file__", None), getattr(spec, "cached", None) if spec else None):
             if f:
                 names.append(f)
-    try:
-        with open("/proc/self/maps") as fh:
-            names += [ln.split(None, 5)[5].strip() for ln in fh if len(ln.split(None, 5)) == 6]
-    except OSError:
-        pass
+    names += _numpy.mapped_files()
     out: list[ProfileRange] = []
     for f in names:
-        if not f.startswith("/") or f in seen:
+        if not f.startswith("/") or f in seen or f in _numpy.MAPPED:
             continue
         try:
             st = os.stat(f)
