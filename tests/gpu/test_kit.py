@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from coldstart.gpu import check as kit
+from coldstart.bench import gpu_check as kit
 
 REPO = Path(__file__).resolve().parents[2]
 
