@@ -6,7 +6,7 @@ beside the bulk readers or without them, one read after another or all asked for
 
 VARIANT: contains "nobulk" (HostWarm's bulk readers not started) and/or "hint" (HostWarm's
 ``early_hint``: every early read queued at once with POSIX_FADV_WILLNEED before the reads; the option
-existed only for results/spot-checks/early-reader-queue)."""
+existed only for results/spot-checks/early-reader-queue: commit 6f17a18)."""
 import sys
 import time
 from pathlib import Path
@@ -42,7 +42,7 @@ if "nobulk" in variant:
     run.HostWarm._run = lambda self, s, r: None
 drop_caches()
 t0 = time.monotonic()
-hw = run.host_warm(snap, layers, early_hint="hint" in variant)
+hw = run.host_warm(snap, layers, **({"early_hint": True} if "hint" in variant else {}))
 hw._early_t.join()
 print("early", hw.early)
 hw.cancel()

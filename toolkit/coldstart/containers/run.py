@@ -491,8 +491,7 @@ class HostWarm:
     def __init__(self, snapshot: Path, layers: list[Path] | None = None, *, after_start: bool = False,
                  threads: int | None = HOST_SHAPE[0], chunk: int | None = HOST_SHAPE[1], method: str | None = None,
                  io_class: str | None = None, criu_runs: bool = False,
-                 early: bool = True, early_criu: bool = False, bulk: str = "profile", wait_early: bool = False,
-                 early_hint: bool = False):
+                 early: bool = True, early_criu: bool = False, bulk: str = "profile", wait_early: bool = False):
         self.ahead = None
         remap = None
         if layers:
@@ -514,7 +513,6 @@ class HostWarm:
         self._cancelled = False
         self._early_t = None
         self._early_criu = early_criu
-        self._early_hint = early_hint
         if bulk not in ("profile", "weights"):
             raise ValueError(f"bulk must be profile or weights, not {bulk!r}")
         self._bulk = bulk
@@ -535,12 +533,7 @@ class HostWarm:
         t0 = time.monotonic()
         n = files = 0
         try:
-            files_ = early_files(snapshot, remap)
-            hot = (early_ranges(sorted((snapshot / "criu").glob("pages-*.img")))
-                   if (snapshot / "criu" / "parent").is_dir() else [])
-            if self._early_hint:
-                _hint(files_, hot)
-            for p in files_:
+            for p in early_files(snapshot, remap):
                 if self._cancelled:
                     break
                 try:
@@ -551,7 +544,9 @@ class HostWarm:
             if self._early_criu and not self._cancelled:
                 n += _read_criu_first(snapshot / "criu", remap, lambda: self._cancelled)
             if not self._cancelled:  # (early_ranges: none where COLDSTART_WARM_HOT_FIRST=0)
-                n += _read_ranges(hot, lambda: self._cancelled)
+                n += _read_ranges(early_ranges(sorted((snapshot / "criu").glob("pages-*.img"))
+                                               if (snapshot / "criu" / "parent").is_dir() else []),
+                                  lambda: self._cancelled)
         finally:
             self.early = {"files": files, "bytes": n, "seconds": round(time.monotonic() - t0, 3)}
             self._early_done.set()
@@ -687,26 +682,6 @@ def _read_ranges(ranges: list[tuple[Path, int, int]], cancelled=lambda: False, e
         for fd in [*fds.values(), *(pipe or ())]:
             os.close(fd)
     return n
-
-
-def _hint(files: list[Path], ranges: list[tuple[Path, int, int]]) -> None:
-    """Queue every early read at once (POSIX_FADV_WILLNEED: the data extents of ``files``, then
-    ``ranges``), so that they wait in the disk's queue together instead of one after another."""
-    from coldstart.fsutil import will_need
-
-    for p in files:
-        try:
-            with open(p, "rb", buffering=0) as f:
-                for pos, end in data_extents(f.fileno()):
-                    will_need(f.fileno(), pos, end - pos)
-        except OSError:
-            continue
-    for p, off, length in ranges:
-        try:
-            with open(p, "rb", buffering=0) as f:
-                will_need(f.fileno(), off, length)
-        except OSError:
-            continue
 
 
 def _read_data(path: Path, cancelled=lambda: False) -> int:
