@@ -221,6 +221,29 @@ def test_the_early_files_of_a_hot_layout_include_the_parents_pagemaps(tmp_path):
     assert not any(f.name.startswith("pages-") for f in files)
 
 
+def test_the_host_reads_the_entrypoints_libraries_before_its_modules(tmp_path, monkeypatch):
+    """The profile records the entrypoint's modules in import order and its mapped files after them
+    (address order); the early reader takes the interpreter's libraries first, then the extension
+    modules, then the modules as recorded."""
+    from coldstart.warm.profile import Profile, ProfileRange
+
+    snap = tmp_path / "snap"
+    (snap / "criu").mkdir(parents=True)
+    (snap / "manifest.json").write_text("{}")
+    lib = "/root/.pyenv/versions/3.11.7/lib"
+    own = [f"{lib}/python3.11/encodings/__init__.py", f"{lib}/python3.11/__pycache__/abc.cpython-311.pyc",
+           f"{lib}/python3.11/lib-dynload/_json.cpython-311-x86_64-linux-gnu.so",
+           "/opt/venv/lib/python3.11/site-packages/xxhash/_xxhash.cpython-311-x86_64-linux-gnu.so",
+           "/usr/lib/x86_64-linux-gnu/libc.so.6", f"{lib}/libpython3.11.so.1.0"]
+    prof = Profile(snapshot_id="x", files={f: 1 for f in own},
+                   ranges=[ProfileRange(file=f, offset=0, length=1, t=0.0, source="process") for f in own])
+    monkeypatch.setattr(run._snapshot, "node_profile", lambda s: prof.save(tmp_path / "profile.json"))
+    layers = tmp_path / "layers"
+    files = run.early_files(snap, remap=lambda p: layers / p.relative_to("/"))
+    got = [str(f.relative_to(layers)) for f in files if f.is_relative_to(layers)]
+    assert got[:len(own)] == [own[i].lstrip("/") for i in (4, 5, 2, 3, 0, 1)], got
+
+
 def test_three_containers_restore_the_same_read_only_snapshot_at_once(docker_client, app_image, container_snapshot,
                                                                       tiny_model_dir):
     ports = [free_port() for _ in range(3)]

@@ -603,7 +603,7 @@ class HostWarm:
 def early_files(snapshot: Path, remap=None) -> list[Path]:
     """What a container restore reads before CRIU runs, in the order it does, as host paths: the
     entrypoint's own files (the node's recorded profile, ranges of source "process", through
-    ``remap``), the snapshot's manifest, the restore's helper programs and libraries (the image's
+    ``remap``, in exec_order), the snapshot's manifest, the restore's helper programs and libraries (the image's
     helpers.RESTORE_FILES list, through ``remap``), then the snapshot's small files CRIU and the
     wrapper open: its metadata images (not the pages; with the hot layout, the parent's pagemaps
     too), the shm and link-remap copies, the run dir's
@@ -615,7 +615,8 @@ def early_files(snapshot: Path, remap=None) -> list[Path]:
     prof = _snapshot.node_profile(snapshot)
     if remap is not None and prof is not None and prof.exists():
         try:
-            out += [remap(Path(r.file)) for r in load_profile(prof).ranges if r.source == "process"]
+            out += [remap(p) for p in exec_order([Path(r.file) for r in load_profile(prof).ranges
+                                                  if r.source == "process"])]
         except ColdstartError:
             pass  # an unreadable profile: the bulk warmer's plan says so
     out.append(snapshot / "manifest.json")
@@ -635,6 +636,20 @@ def early_files(snapshot: Path, remap=None) -> list[Path]:
     except Exception:  # noqa: BLE001 - the restore names a bad manifest
         pass
     return list(dict.fromkeys(out))
+
+
+def exec_order(files: list[Path]) -> list[Path]:
+    """The entrypoint's own files in the order its cold start needs them: the shared libraries the
+    interpreter maps at exec (libpython, libc, ...), then the extension modules (under lib-dynload or
+    site-packages), then the rest (Python sources and bytecode) as recorded, in import order. The
+    profile lists the mapped files last, in address order: read there, they come after the
+    interpreter has faulted them in itself and delay criu and the helpers behind them (a cold restore
+    with host warming: -0.08 s tiny, -0.06 s bench, paired medians of 22, results/spot-checks/early-elf-first)."""
+    def rank(p: Path) -> int:
+        if ".so" not in p.name:
+            return 2
+        return 1 if {"lib-dynload", "site-packages"} & set(p.parts) else 0
+    return sorted(files, key=rank)  # stable: each group keeps the recorded order
 
 
 def _read_criu_first(images: Path, remap, cancelled=lambda: False) -> int:
