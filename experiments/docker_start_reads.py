@@ -12,7 +12,6 @@ the rest is "?". Needs root, tracefs and our dockerd; RUNTIME: an OCI runtime th
 (default: coldstart's choice, docker_api.oci_runtime; "-" for that too); SNAPSHOT: the host warms
 it from the create call as for a restore (containers.run.host_warm), cancelled when the probe exits."""
 import collections
-import os
 import re
 import statistics
 import sys
@@ -22,11 +21,9 @@ from pathlib import Path
 from coldstart.bench.containers import ENTRY_PROBE
 from coldstart.containers import docker_api, run
 from coldstart.warm.residency import drop_caches
+from page_cache_trace import EVENT, TRACE, inode_names, kind, setup
 
-TRACE = Path("/sys/kernel/tracing")
-EVENT = TRACE / "events/filemap/mm_filemap_add_to_page_cache/enable"
 LINE = re.compile(r"\s(\d+\.\d+): mm_filemap_add_to_page_cache: dev (\d+):(\d+) ino ([0-9a-f]+) .*ofs=(\d+) order=(\d+)")
-ROOTS = ["/usr", "/etc", "/var/lib/coldstart-docker", "/opt", "/root/.cache", "/var/tmp/coldstart-bench-container"]
 
 img, reps = sys.argv[1], int(sys.argv[2])
 c = docker_api.client(None)
@@ -34,10 +31,7 @@ rt = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] != "-" else docker_api.oci
 snap = Path(sys.argv[4]) if len(sys.argv) > 4 else None
 layers = docker_api.image_layers(c, img)
 net = docker_api.ensure_network(c)
-if not EVENT.exists():
-    os.system(f"mount -t tracefs nodev {TRACE}")
-(TRACE / "trace_clock").write_text("mono")
-(TRACE / "buffer_size_kb").write_text("65536")
+setup(65536)
 
 per = collections.defaultdict(lambda: {"before": 0, "after": 0, "first": []})  # (dev, ino) -> bytes, first read
 for rep in range(reps):
@@ -69,31 +63,7 @@ for rep in range(reps):
             f["first"].append(ts - t0)
     print(f"rep {rep}: start call returned {started - t0:.3f} s after the create call", file=sys.stderr)
 
-want = {ino for _, ino in per}
-names: dict[int, str] = {}
-for root in ROOTS:
-    for d, dirs, files in os.walk(root):
-        for n in files:
-            p = os.path.join(d, n)
-            try:
-                st = os.lstat(p)
-            except OSError:
-                continue
-            if st.st_ino in want and st.st_ino not in names:
-                names[st.st_ino] = p.replace("/var/lib/coldstart-docker/root/overlay2/", "layer:")
-        if len(names) == len(want):
-            break
-
-
-def kind(path: str) -> str:
-    if path.startswith("layer:"):
-        return "image layers"
-    if path.startswith("/var/tmp/coldstart-bench-container/"):
-        return "snapshot"
-    if re.search(r"/(dockerd|containerd|containerd-shim[^/]*|runc|crun|docker-proxy|docker-init)$", path):
-        return "docker's binaries"
-    return "host: other" if path != "?" else "?"
-
+names = inode_names({ino for _, ino in per})
 
 MiB = 1 << 20
 rows = sorted(per.items(), key=lambda kv: -(kv[1]["before"] + kv[1]["after"]))

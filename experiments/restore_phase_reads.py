@@ -23,12 +23,10 @@ from pathlib import Path
 from coldstart.bench import containers as bc
 from coldstart.containers import docker_api
 from coldstart.warm.residency import drop_caches
+from page_cache_trace import EVENT, TRACE, inode_names, kind, setup
 
-TRACE = Path("/sys/kernel/tracing")
-EVENT = TRACE / "events/filemap/mm_filemap_add_to_page_cache/enable"
 LINE = re.compile(r"^\s*(.+?)-(\d+)\s+\[\d+\].*?\s(\d+\.\d+): mm_filemap_add_to_page_cache: dev (\d+):(\d+) "
                   r"ino ([0-9a-f]+) .*ofs=(\d+) order=(\d+)", re.M)
-ROOTS = ["/usr", "/etc", "/var/lib/coldstart-docker", "/opt", "/root/.cache", "/var/tmp/coldstart-bench-container"]
 PHASES = ("CONTAINER_STARTED", "ENTRY_READY", "RESTORE_DONE", "FIRST_TOKEN")
 MiB = 1 << 20
 
@@ -36,13 +34,9 @@ img, size, reps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 c = docker_api.client(None)
 layers = docker_api.image_layers(c, img)
 model, snap = bc.snapshot_in_container(c, img, size, Path("/var/tmp/coldstart-bench-container"))
-if not EVENT.exists():
-    os.system(f"mount -t tracefs nodev {TRACE}")
-(TRACE / "trace_clock").write_text("mono")
-(TRACE / "buffer_size_kb").write_text("262144")
+setup(262144)
 
 per_phase = collections.defaultdict(int)  # (phase, reader, ino) -> bytes
-host_first = []  # per start: ino -> first host read (s from create)
 demand = collections.defaultdict(lambda: {"bytes": 0, "first": [], "host_first": [], "comm": collections.Counter()})
 for rep in range(reps):
     with bc.pod_if(c, img, True) as pod:
@@ -83,35 +77,12 @@ for rep in range(reps):
             if len(d["first"]) <= rep:
                 d["first"].append(ts)
                 d["host_first"].append(hf.get(ino))
-    host_first.append(hf)
 
-want = {ino for (_, _, ino) in per_phase}
-names: dict[int, str] = {}
-for root in ROOTS:
-    for d, dirs, files in os.walk(root):
-        for n in files:
-            p = os.path.join(d, n)
-            try:
-                st = os.lstat(p)
-            except OSError:
-                continue
-            if st.st_ino in want and st.st_ino not in names:
-                names[st.st_ino] = p.replace("/var/lib/coldstart-docker/root/overlay2/", "layer:")
-
-
-def kind(path: str) -> str:
-    if path.startswith("layer:"):
-        return "image layers"
-    if path.startswith("/var/tmp/coldstart-bench-container/"):
-        return "snapshot"
-    if re.search(r"/(dockerd|containerd|containerd-shim[^/]*|runc|crun|docker-proxy|docker-init)$", path):
-        return "docker's binaries"
-    return "host: other" if path != "?" else "? (metadata, unnamed)"
-
+names = inode_names({ino for (_, _, ino) in per_phase})
 
 totals = collections.defaultdict(int)
 for (phase, reader, ino), n in per_phase.items():
-    totals[(phase, reader, kind(names.get(ino, "?")))] += n
+    totals[(phase, reader, kind(names.get(ino, "?"), "? (metadata, unnamed)"))] += n
 print(f"{img} {size}: {reps} whole-cache restores with host warming in a pod; MiB per start")
 print("| phase (until) | reader | file kind | MiB |\n|---|---|---|---|")
 for ph in (*PHASES, "after"):
