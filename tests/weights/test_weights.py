@@ -814,3 +814,51 @@ def test_cli_dump_load_verify(tiny_model_dir, tmp_path, capsys, monkeypatch):
     assert code == 0 and "throughput" in stdout
     code, stdout, _ = _main(capsys, monkeypatch, "weights", "verify", str(out))
     assert code == 0 and stdout.startswith("ok:")
+
+
+def test_tune_queue_measures_each_request_size_and_sets_only_when_asked(tmp_path):
+    """On a real block device (an ext4 image on a loop device): the probe populates a file cold under
+    each max_sectors_kb, puts the queue back as it found it, and chooses one it measured; --apply
+    sets the choice and names a udev rule for it; bad input is one line."""
+    from coldstart.weights import queue
+
+    img, mnt = tmp_path / "disk.img", tmp_path / "mnt"
+    mnt.mkdir()
+    subprocess.run(["truncate", "-s", "160M", str(img)], check=True)
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(img)], check=True)
+    subprocess.run(["mount", "-o", "loop", str(img), str(mnt)], check=True)
+    try:
+        f = mnt / "weights.flat"
+        f.write_bytes(os.urandom(80 << 20))
+        q = queue.queue_dir(f)
+        assert q.parent.name.startswith("loop"), q
+        before = queue.current_kb(q)
+        rec = queue.probe(f, span=64 << 20, rounds=2)
+        assert queue.current_kb(q) == before and rec.current_kb == before
+        assert set(rec.gib_s) >= {before} and all(len(v) == 2 and min(v) > 0 for v in rec.gib_s.values())
+        assert rec.choice_kb in rec.gib_s and rec.span_bytes == 64 << 20
+        cli = [sys.executable, "-m", "coldstart", "weights", "tune-queue", str(f), "--rounds", "1", "--span-mb", "64"]
+        out = subprocess.run([*cli, "--apply"], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        assert f"{q.parent.name} (" in out.stdout and "max_sectors_kb" in out.stdout, out.stdout
+        if out.stdout.splitlines()[-1].startswith("set "):
+            chosen = int(out.stdout.split(" -> ")[1].split()[0])
+            assert queue.current_kb(q) == chosen and f'ATTR{{queue/max_sectors_kb}}="{chosen}"' in out.stdout
+        else:
+            assert queue.current_kb(q) == before and out.stdout.splitlines()[-1].startswith("keep ")
+        queue.apply(q, before)
+        with pytest.raises(ColdstartError, match="out of range"):
+            queue.apply(q, 1 << 30)
+        small = mnt / "small"
+        small.write_bytes(b"x" * 4096)
+        out = subprocess.run([*cli[:5], str(small)], capture_output=True, text=True)
+        assert out.returncode != 0 and "too small to probe" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+    shm = Path("/dev/shm") / f"cs-tune-{os.getpid()}"
+    shm.write_bytes(b"x")
+    try:
+        with pytest.raises(ColdstartError, match="on no block device"):
+            queue.queue_dir(shm)
+    finally:
+        shm.unlink()

@@ -23,7 +23,7 @@ from coldstart.bench.warm import host_cpu_busy_s
 from coldstart.engine.launcher import free_port
 from coldstart.pipeline.events import PHASES, EventName
 from coldstart.warm.residency import evict_all
-from coldstart.weights import readshape
+from coldstart.weights import queue, readshape
 
 
 def _model(size: str) -> Path:
@@ -130,6 +130,12 @@ def reload_table(rows: list[dict], size: str, methods: tuple[str, ...] = METHODS
                       f"alternately): O_DIRECT {', '.join(f'{v:.2f}' for v in sh['direct_gib_s'])} GiB/s, buffered "
                       f"{', '.join(f'{v:.2f}' for v in sh['buffered_gib_s'])} GiB/s -> "
                       f"{'O_DIRECT' if sh['direct'] else 'buffered'} for the cold copies below."]
+    qs = [r["detail"] for r in rows if r["method"] == "queue"]
+    if qs:
+        q = qs[0]
+        lines += ["", f"Block queue of the flat file's device ({q['device']}), as the node had it for the whole run: "
+                      f"max_sectors_kb {q['max_sectors_kb']}, read_ahead_kb {q['read_ahead_kb']} "
+                      "(`coldstart weights tune-queue` measures and sets the first; fio's probes ran under it too)."]
     per_round = device_probes(rows)
     dev = list(per_round.values())
     around = any(r.get("when") == "after" for r in rows if r["method"] == "device")
@@ -309,6 +315,11 @@ def bench_reload(
             rows.append({"bench": "reload", "model": size, "method": "read-shape", "cache": "cold", "rep": -1,
                          "seconds": 0.0, "bytes": 0, "detail": dataclasses.asdict(shape)})
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+            qdir = queue.queue_dir(flat_dir / "weights.flat")
+            rows.append({"bench": "reload", "model": size, "method": "queue", "cache": "cold", "rep": -1,
+                         "seconds": 0.0, "bytes": 0,
+                         "detail": {"device": qdir.parent.name, "max_sectors_kb": queue.current_kb(qdir),
+                                    "read_ahead_kb": int((qdir / "read_ahead_kb").read_text())}})
             # the flat file and the packed dump beside it: evicted and pre-read together
             flat_files = [flat_dir / "weights.flat", *sorted(flat_dir.glob("packed-*/weights.flat"))]
             st_files = sorted(model.glob("*.safetensors"))

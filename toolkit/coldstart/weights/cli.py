@@ -145,6 +145,35 @@ def probe_command(
                f"recorded in {record_path(rec.probed_file)}")
 
 
+def tune_queue_command(
+    path: Path = typer.Argument(..., help="a large file (256 MiB or more) on the device to tune, e.g. a snapshot's weights.flat"),
+    apply: bool = typer.Option(False, "--apply", help="set the chosen max_sectors_kb (until reboot); without it, only measure"),
+    rounds: int = typer.Option(3, "--rounds", help="rounds; each tries every value once, in a rotated order"),
+    span_mb: int = typer.Option(512, "--span-mb", help="MiB of the file's head each read populates"),
+) -> None:
+    """Measure how fast the device holding PATH fills the page cache under each largest request size
+    (its queue's max_sectors_kb: the current value, 1024, 512, 256) and choose; with --apply, set it.
+    Some virtual disks serve the kernel's large readahead requests slower (docs/weights.md). A node
+    setting: run as root on the node; the probe puts the queue back as it found it."""
+    from coldstart.weights import queue
+
+    q = queue.queue_dir(path)
+    typer.echo(f"probing {q.parent.name}: cold populates of {span_mb} MiB of {path}, {rounds} rounds", err=True)
+    rec = queue.probe(path, span=span_mb << 20, rounds=rounds, say=lambda s: typer.echo(s, err=True))
+    typer.echo(rec.why())
+    if rec.choice_kb == rec.current_kb:
+        typer.echo(f"keep max_sectors_kb {rec.current_kb}: no other value read {queue.MARGIN:.2f}x faster")
+        return
+    gain = rec.median(rec.choice_kb) / rec.median(rec.current_kb)
+    if apply:
+        queue.apply(q, rec.choice_kb)
+        typer.echo(f"set max_sectors_kb {rec.current_kb} -> {rec.choice_kb} ({gain:.2f}x); until reboot, or with "
+                   f"this udev rule: {queue.udev_rule(q, rec.choice_kb)}")
+    else:
+        typer.echo(f"max_sectors_kb {rec.choice_kb} reads {gain:.2f}x faster than {rec.current_kb}; "
+                   "--apply sets it")
+
+
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     sub = typer.Typer(help="Flat weight format: dump, parallel load, verify; probe how a device reads cold files.",
                       no_args_is_help=True)
@@ -152,6 +181,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     sub.command("load")(load_command)
     sub.command("verify")(verify_command)
     sub.command("probe")(probe_command)
+    sub.command("tune-queue")(tune_queue_command)
     app.add_typer(sub, name="weights")
     from coldstart.bench.weights import bench_load_command
 
