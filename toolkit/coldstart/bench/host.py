@@ -241,6 +241,20 @@ def cpu_kind(cpuinfo: str | None = None) -> str:
     return ", ".join(x for x in (fam, unit) if x)
 
 
+def disk_queue(path: str = "/var/tmp") -> str:
+    """The block queue of the disk under the benchmarks' scratch dirs, e.g. "disk vda: max_sectors_kb 512,
+    read_ahead_kb 8192": both decide how fast the page cache fills (coldstart weights tune-queue)."""
+    from coldstart.errors import ColdstartError
+    from coldstart.weights import queue
+
+    try:
+        q = queue.queue_dir(path)
+        return (f"disk {q.parent.name}: max_sectors_kb {queue.current_kb(q)}, "
+                f"read_ahead_kb {(q / 'read_ahead_kb').read_text().strip()}")
+    except (OSError, ValueError, ColdstartError):
+        return ""
+
+
 def line(*parts: str) -> str:
     """The host line of a benchmark table: CPU (its kind: cpu_kind), cores, kernel, host name, ``parts``,
     and what the watch observed; CPU-measured (the GPU kit writes its own)."""
@@ -250,6 +264,6 @@ def line(*parts: str) -> str:
     kind = cpu_kind()
     head = (f"Host: {h.cpu_model}{f' ({kind})' if kind else ''}, {os.cpu_count()} cores, kernel {h.kernel} "
             f"({socket.gethostname()})")
-    extra = "".join(f"; {p}" for p in parts if p)
+    extra = "".join(f"; {p}" for p in (*parts, disk_queue()) if p)
     seen = watch().describe()
     return f"{head}{extra}. {seen[:1].upper()}{seen[1:]}. CPU-measured; unverified on GPU."
