@@ -10,7 +10,9 @@ removed before the start, e.g. "criu-kdat"], "runtime": the OCI runtime its cont
 (default: docker_api.oci_runtime's choice), "pod": true (the container joins a pod's network
 namespace, run.create_pod, made before the page cache is dropped), "process_from": {"tiny": PROFILE, ...}
 (the node's profile for the start gets the entrypoint's own files, source "process", of that recorded
-profile instead of its own: e.g. one recorded by older code), any other key: HostWarm's}}. The
+profile instead of its own: e.g. one recorded by older code), "queue_kb": the max_sectors_kb of the
+disk under the snapshots for this start (coldstart.weights.queue; put back at the end), any other
+key: HostWarm's}}. The
 snapshots are `coldstart bench container`'s (made in IMAGE under /var/tmp/coldstart-bench-container
 when missing); each is first restored once as new to the node (its access profile recorded), then
 the variants alternate, REPS times. A warm variant follows one unmeasured restore of its own. One
@@ -29,6 +31,7 @@ from coldstart.warm.residency import drop_caches, evict_all
 from coldstart.containers import docker_api
 from coldstart.state import node_dir
 from coldstart.warm import where
+from coldstart.weights import queue
 
 image, sizes, reps, out_path, variants = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3]), sys.argv[4], json.loads(sys.argv[5])
 c = docker_api.client(None)
@@ -57,13 +60,16 @@ def use_profile(size: str, snap: Path, v: dict) -> None:
 
 rows = []
 keep = len(sys.argv) > 6 and sys.argv[6] == "keep-memory"
+qdir = queue.queue_dir(Path("/var/tmp/coldstart-bench-container"))
+queue0 = queue.current_kb(qdir)
 with host.memory_kept() if keep else contextlib.nullcontext(), open(out_path, "a") as out:
     for rep in range(reps):
         for size, (model, snap) in cases.items():
             for name, v in variants.items():
                 method, env = v.get("method", "restore+hostwarm"), v.get("env")
                 shape = {k: x for k, x in v.items()
-                         if k not in ("method", "cache", "env", "forget", "runtime", "pod", "process_from")}
+                         if k not in ("method", "cache", "env", "forget", "runtime", "pod", "process_from", "queue_kb")}
+                queue.apply(qdir, v.get("queue_kb", queue0))
                 if "runtime" in v:  # what oci_runtime answers for this daemon from now on
                     docker_api._runtimes_seen[str(c.api.base_url)] = v["runtime"]
                 forget = lambda: [shutil.rmtree(node_dir() / f, ignore_errors=True) for f in v.get("forget", [])]  # noqa: E731
@@ -78,10 +84,11 @@ with host.memory_kept() if keep else contextlib.nullcontext(), open(out_path, "a
                     else:
                         drop_caches()
                     r = bc.one_start(c, image, method, model, snap, layers, host_warm=shape, env=env, pod=pod)
-                r.update(size=size, variant=name, rep=rep)
+                r.update(size=size, variant=name, rep=rep, max_sectors_kb=queue.current_kb(qdir))
                 out.write(json.dumps(r) + "\n")
                 out.flush()
                 rows.append(r)
+queue.apply(qdir, queue0)
 for size in cases:
     for name in variants:
         rs = [r for r in rows if r["size"] == size and r["variant"] == name and "first_token_s" in r]
