@@ -860,5 +860,7 @@ def test_tune_queue_measures_each_request_size_and_sets_only_when_asked(tmp_path
     try:
         with pytest.raises(ColdstartError, match="on no block device"):
             queue.queue_dir(shm)
+        with pytest.raises(ColdstartError, match="No such file"):
+            queue.queue_dir(shm.with_name(shm.name + "-missing"))
     finally:
         shm.unlink()

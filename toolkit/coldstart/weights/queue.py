@@ -51,7 +51,10 @@ class QueueProbe:
 
 def queue_dir(path: Path | str) -> Path:
     """The sysfs queue directory of the block device holding ``path`` (a partition's is its disk's)."""
-    dev = os.stat(path).st_dev
+    try:
+        dev = os.stat(path).st_dev
+    except OSError as e:
+        raise ColdstartError(f"{path}: {e.strerror}") from None
     node = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
     if not node.exists():
         raise ColdstartError(f"{path}: on no block device ({os.major(dev)}:{os.minor(dev)}: not in /sys/dev/block)")
