@@ -62,7 +62,10 @@ rows = []
 keep = len(sys.argv) > 6 and sys.argv[6] == "keep-memory"
 qdir = queue.queue_dir(Path("/var/tmp/coldstart-bench-container"))
 queue0 = queue.current_kb(qdir)
-with host.memory_kept() if keep else contextlib.nullcontext(), open(out_path, "a") as out:
+with contextlib.ExitStack() as stack, open(out_path, "a") as out:
+    stack.callback(queue.apply, qdir, queue0)  # the disk's queue as found, even after a failed start
+    if keep:
+        stack.enter_context(host.memory_kept())
     for rep in range(reps):
         for size, (model, snap) in cases.items():
             for name, v in variants.items():
@@ -88,7 +91,6 @@ with host.memory_kept() if keep else contextlib.nullcontext(), open(out_path, "a
                 out.write(json.dumps(r) + "\n")
                 out.flush()
                 rows.append(r)
-queue.apply(qdir, queue0)
 for size in cases:
     for name in variants:
         rs = [r for r in rows if r["size"] == size and r["variant"] == name and "first_token_s" in r]

@@ -42,7 +42,7 @@ try:
                 evict_all([path])
                 nb, secs = fio_run(path, *fio)
             else:
-                nb, secs = span, queue._populate_cold(path, span)
+                nb, secs = span, queue.populate_cold(path, span)
             rows.append({"round": rnd, "cell": name, "max_sectors_kb": kb, "gib_s": round(nb / 2**30 / secs, 3)})
         print(json.dumps(rows[-len(cells):]), flush=True)
 finally:

@@ -248,9 +248,8 @@ def disk_queue(path: str = "/var/tmp") -> str:
     from coldstart.weights import queue
 
     try:
-        q = queue.queue_dir(path)
-        return (f"disk {q.parent.name}: max_sectors_kb {queue.current_kb(q)}, "
-                f"read_ahead_kb {(q / 'read_ahead_kb').read_text().strip()}")
+        q = queue.settings(queue.queue_dir(path))
+        return f"disk {q['device']}: max_sectors_kb {q['max_sectors_kb']}, read_ahead_kb {q['read_ahead_kb']}"
     except (OSError, ValueError, ColdstartError):
         return ""
 

@@ -315,11 +315,8 @@ def bench_reload(
             rows.append({"bench": "reload", "model": size, "method": "read-shape", "cache": "cold", "rep": -1,
                          "seconds": 0.0, "bytes": 0, "detail": dataclasses.asdict(shape)})
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-            qdir = queue.queue_dir(flat_dir / "weights.flat")
             rows.append({"bench": "reload", "model": size, "method": "queue", "cache": "cold", "rep": -1,
-                         "seconds": 0.0, "bytes": 0,
-                         "detail": {"device": qdir.parent.name, "max_sectors_kb": queue.current_kb(qdir),
-                                    "read_ahead_kb": int((qdir / "read_ahead_kb").read_text())}})
+                         "seconds": 0.0, "bytes": 0, "detail": queue.settings(queue.queue_dir(flat_dir / "weights.flat"))})
             # the flat file and the packed dump beside it: evicted and pre-read together
             flat_files = [flat_dir / "weights.flat", *sorted(flat_dir.glob("packed-*/weights.flat"))]
             st_files = sorted(model.glob("*.safetensors"))

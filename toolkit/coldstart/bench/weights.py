@@ -46,6 +46,7 @@ from coldstart.errors import ColdstartError
 from coldstart.models.tiny import model_dir as made_model_dir
 from coldstart.state import cache_root
 from coldstart.warm.residency import drop_caches, evict_all
+from coldstart.weights import queue
 
 GiB = float(1 << 30)
 MiB = 1 << 20
@@ -160,11 +161,13 @@ def _block_device(path: Path) -> dict[str, Any]:
     sysdir = Path(f"/sys/dev/block/{maj}:{mn}")
     info: dict[str, Any] = {"dev": f"{maj}:{mn}"}
     if sysdir.exists():
-        real = sysdir.resolve()
-        info["name"] = real.name
-        q = real / "queue" if (real / "queue").exists() else real.parent / "queue"
+        info["name"] = sysdir.resolve().name
+        try:
+            q = queue.queue_dir(path)
+        except ColdstartError:  # (a device without a request queue: nothing of it to record)
+            q = None
         for k in ("read_ahead_kb", "max_sectors_kb", "rotational", "scheduler"):
-            v = _read(str(q / k))
+            v = _read(str(q / k)) if q else ""
             if v:
                 info[k] = v
     best = ""

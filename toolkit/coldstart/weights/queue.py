@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import os
 import statistics
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,6 +75,12 @@ def current_kb(q: Path) -> int:
     return int((q / "max_sectors_kb").read_text())
 
 
+def settings(q: Path) -> dict[str, int | str]:
+    """What a benchmark records of the queue: its disk's name, max_sectors_kb and read_ahead_kb."""
+    return {"device": q.parent.name, "max_sectors_kb": current_kb(q),
+            "read_ahead_kb": int((q / "read_ahead_kb").read_text())}
+
+
 def apply(q: Path, kb: int) -> None:
     """Set ``q``'s max_sectors_kb (root, a writable /sys: on the node, not in a container)."""
     hw = int((q / "max_hw_sectors_kb").read_text())
@@ -92,7 +98,7 @@ def udev_rule(q: Path, kb: int) -> str:
     return f'ACTION=="add|change", KERNEL=="{q.parent.name}", ATTR{{queue/max_sectors_kb}}="{kb}"'
 
 
-def _populate_cold(path: Path, span: int) -> float:
+def populate_cold(path: Path, span: int) -> float:
     """Seconds to bring the first ``span`` bytes of ``path`` in from the device, evicted first, by
     MADV_POPULATE_READ in THREADS threads of PIECE pieces (the engine's map reload)."""
     from coldstart.warm.residency import evict, populate_fd, range_resident
@@ -104,30 +110,15 @@ def _populate_cold(path: Path, span: int) -> float:
             raise ColdstartError(f"{path}: its pages stay in the page cache after eviction "
                                  "(mapped by a process?); cannot probe cold reads")
         pieces = [(o, min(PIECE, span - o)) for o in range(0, span, PIECE)]
-        lock, errors = threading.Lock(), []
-
-        def work() -> None:
-            while True:
-                with lock:
-                    if not pieces:
-                        return
-                    o, n = pieces.pop(0)
-                try:
-                    populate_fd(fd, o, n)
-                except OSError as e:
-                    errors.append(e)
-                    return
         t0 = time.perf_counter()
-        ths = [threading.Thread(target=work, daemon=True) for _ in range(THREADS)]
-        for th in ths:
-            th.start()
-        for th in ths:
-            th.join()
+        try:
+            with ThreadPoolExecutor(THREADS) as ex:  # each thread takes the next piece in file order
+                list(ex.map(lambda p: populate_fd(fd, *p), pieces))
+        except OSError as e:
+            raise ColdstartError(f"{path}: reading for the probe failed: {e}") from None
         secs = time.perf_counter() - t0
     finally:
         os.close(fd)
-    if errors:
-        raise ColdstartError(f"{path}: reading for the probe failed: {errors[0]}")
     return secs
 
 
@@ -150,7 +141,7 @@ def probe(path: Path | str, candidates: tuple[int, ...] = CANDIDATES_KB, span: i
         for r in range(rounds):
             for kb in sizes[r % len(sizes):] + sizes[:r % len(sizes)]:
                 apply(q, kb)
-                rates[kb].append(round(span / 2**30 / _populate_cold(path, span), 3))
+                rates[kb].append(round(span / 2**30 / populate_cold(path, span), 3))
                 say(f"round {r + 1}/{rounds}: max_sectors_kb {kb}: {rates[kb][-1]:.2f} GiB/s")
     finally:
         try:
