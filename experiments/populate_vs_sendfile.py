@@ -14,6 +14,10 @@ CELLS: comma-separated KIND:THREADS:PIECE_MIB (default: the four of the first ru
 "populate-thp": the mapping madvised MADV_HUGEPAGE first, so that a fault reads ahead into 2 MiB
 page-cache folios where the file system has them (ext4 on kernel >= 6.16) instead of 4 KiB pages;
 each cell also records this process's CPU seconds (the faults' kernel work is charged to it).
+"odirect" / "odirect-thp": no mapping of the file; the threads read their pieces with O_DIRECT, one
+preadv each, into a fresh anonymous region the file's size (a copy reload's arena after a sleep
+released it), for "-thp" madvised MADV_HUGEPAGE first: the same bytes reach memory in 2 MiB pages,
+so each request carries a few large segments instead of one per 4 KiB page (the queue takes 254).
 """
 from __future__ import annotations
 
@@ -57,7 +61,27 @@ def run_threads(threads: int, piece: int, fn) -> None:
         t.join()
 
 
+def odirect_cell(huge: bool, threads: int, piece: int) -> float:
+    import mmap
+
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    dest = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    view = memoryview(dest)
+    try:
+        t = time.perf_counter()
+        if huge:
+            dest.madvise(MADV_HUGEPAGE)
+        run_threads(threads, piece, lambda o, n: os.preadv(fd, [view[o:o + n]], o))
+        return time.perf_counter() - t
+    finally:
+        view.release()
+        dest.close()
+        os.close(fd)
+
+
 def cell(kind: str, threads: int, piece: int) -> float:
+    if kind.startswith("odirect"):
+        return odirect_cell(kind == "odirect-thp", threads, piece)
     fd = os.open(path, os.O_RDONLY)
     addr = _libc.mmap(None, size, PROT_READ, MAP_PRIVATE, fd, 0)
     try:

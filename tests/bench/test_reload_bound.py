@@ -116,3 +116,45 @@ def test_one_read_shape_as_bench_load_takes_its_limit_is_stated_beside_the_round
     assert f"fastest median over the run: {b}, 1.25 GiB/s" in text, text
     assert "paired per round, median 0.80× (each: 0.80, 0.80, 1.00)" in text, text
     assert "that shape itself read at 1.00× of it (median)" in text, text
+
+
+def test_the_into_memory_probe_pairs_each_cold_reload_with_the_mean_of_its_rounds_reads() -> None:
+    """A reload lands every byte in a page of its own; fio reuses one small buffer per job. The table
+    pairs the default cold reload with the device read into memory the file's size, in its round."""
+    gib = 1 << 30
+
+    def mem(rep, when, gib_s):
+        return {"method": "device-memory", "cache": "cold", "rep": rep, "when": when, "bytes": gib,
+                "seconds": 1 / gib_s, "detail": {"read": "O_DIRECT into memory"}}
+
+    rows = [{"cache": "cold", "method": "auto", "rep": rep, "bytes": gib, "seconds": 1.0, "wall_seconds": 1.0}
+            for rep in (0, 1)]
+    rows += [mem(0, "before", 1.2), mem(0, "after", 0.8), mem(1, "before", 1.25)]
+    text = " ".join(_reload_bound(rows, {0: 2.0, 1: 1.25}))
+    # round 0: (1.2 + 0.8) / 2 = 1.0 GiB/s, half the device; round 1: 1.25, the device itself
+    assert "paired per round, median 0.90× (each: 1.00, 0.80)" in text, text
+    assert "at 0.75× the device limit (each: 0.50, 1.00)" in text, text
+    assert "device-memory" not in text
+
+
+def test_the_into_memory_reader_reads_the_files_bytes_each_into_its_own_place(tmp_path) -> None:
+    """DirectIntoMemory reads the file's head (whole blocks per thread) with O_DIRECT into its buffer,
+    each block where it lies in the file; a file shorter than one block per thread is one clear error."""
+    import pytest
+
+    from coldstart.bench.weights import DirectIntoMemory
+    from coldstart.errors import ColdstartError
+
+    data = os.urandom(4 << 20) + b"tail"
+    path = tmp_path / "w.flat"
+    path.write_bytes(data)
+    reader = DirectIntoMemory(path, block=256 << 10, threads=4)
+    try:
+        nbytes, secs = reader.run()
+    except OSError as e:  # a file system without O_DIRECT (tmpfs): nothing of this reader to test there
+        pytest.skip(f"O_DIRECT unsupported under {tmp_path}: {e}")
+    assert nbytes == 4 << 20 and secs > 0
+    assert bytes(reader._buf) == data[:4 << 20]
+    (tmp_path / "small").write_bytes(b"x" * 1000)
+    with pytest.raises(ColdstartError, match="too small"):
+        DirectIntoMemory(tmp_path / "small", block=1 << 20, threads=4)
