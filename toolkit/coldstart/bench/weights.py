@@ -284,7 +284,8 @@ class DirectIntoMemory:
     the run). fio's probes read into one small buffer per job, reused; a reload cannot, it lands
     every byte in a page of its own. On the Intel AMX VM, in the disk's slow minutes, such reads
     (and the page cache's) fell to 1.0-1.2 GiB/s while fio's O_DIRECT still read 1.3-2.0
-    (results/spot-checks/slow-minutes): this is the limit a reload is bound by there."""
+    (results/spot-checks/slow-minutes). A reference, not a bound: the page cache, whose folios
+    give each request fewer and larger segments, can read faster than this into 4 KiB pages."""
 
     def __init__(self, path: Path, block: int = 1 << 20, threads: int = 4):
         import mmap
