@@ -4,8 +4,8 @@ writes into it? (results/spot-checks/slow-minutes)
 Every few seconds, for DURATION seconds, the page cache of FILE dropped before each read of its first
 SPAN: fio buffered (4 jobs x 1 MiB); fio O_DIRECT (4 jobs x 1 MiB, each job into one reused buffer);
 4 threads of 1 MiB O_DIRECT reads, each block into its own place in an anonymous SPAN touched at the
-start and kept, then into a fresh one; then the CPU writes a fresh anonymous SPAN once and the kept
-one again. Each line: seconds since start, the six rates in GiB/s, the CPU's steal and iowait over
+start and kept (in 4 KiB pages, then one in 2 MiB pages: MADV_HUGEPAGE), then into a fresh one; then the CPU writes a fresh anonymous SPAN once and the kept
+one again. Each line: seconds since start, the seven rates in GiB/s, the CPU's steal and iowait over
 the sample, and the MiB the guest's free page reporting has handed back since boot.
 
     PYTHONPATH=toolkit .venv/bin/python experiments/slow_minutes.py FILE [DURATION_S] [SPAN_MB] [--keep-memory] > out.txt
@@ -112,8 +112,11 @@ def main() -> None:
 def _series(path: str, duration: float, span: int) -> None:
     kept = mmap.mmap(-1, span, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     _memset_rate(kept)
+    kept_huge = mmap.mmap(-1, span, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    kept_huge.madvise(mmap.MADV_HUGEPAGE)
+    _memset_rate(kept_huge)
     print(f"# {path}: {span >> 20} MiB per read; GiB/s: fio buffered, fio O_DIRECT, O_DIRECT "
-          "into a kept region, into a fresh one, a fresh region written, the kept one written again; steal and "
+          "into a kept region (4 KiB pages), into a kept one in 2 MiB pages, into a fresh one, a fresh region written, the kept one written again; steal and "
           "iowait jiffies per sample", flush=True)
     start = time.monotonic()
     while time.monotonic() - start < duration:
@@ -121,13 +124,14 @@ def _series(path: str, duration: float, span: int) -> None:
         buffered = _fio(path, span, direct=False)
         direct = _fio(path, span, direct=True)
         into_kept = _direct_into(path, kept)
+        into_huge = _direct_into(path, kept_huge)
         fresh = mmap.mmap(-1, span, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         into_fresh = _direct_into(path, fresh)
         fresh.close()
         anon = _anon_touch(span)
         again = _memset_rate(kept)
         c1 = _cpu()
-        print(f"{t0 - start:6.1f} s  buffered {buffered:.2f}  direct {direct:.2f}  direct-into-kept {into_kept:.2f}"
+        print(f"{t0 - start:6.1f} s  buffered {buffered:.2f}  direct {direct:.2f}  direct-into-kept {into_kept:.2f}  direct-into-kept-2M {into_huge:.2f}"
               f"  direct-into-fresh {into_fresh:.2f}  anon {anon:.2f}  rewrite {again:.2f}"
               f"  steal {c1[7] - c0[7]}  iowait {c1[4] - c0[4]}"
               f"  reported {_reported_mib()} MiB", flush=True)

@@ -260,8 +260,10 @@ def _reload_bound(rows: list[dict], per_round: dict[int, float]) -> list[str]:
                   if r["cache"] == "cold" and r["method"] == "auto" and r["rep"] in mem and r["rep"] in per_round]
     if mem_paired:
         out.append(f"Into memory, as a reload must land its bytes (the same probes' moments: O_DIRECT, 4 threads, "
-                   f"1 MiB reads of the flat file, each into its own place in a touched buffer the file's size, "
-                   f"where fio reuses one small buffer per job): the default cold reload paired per round, median "
+                   f"1 MiB reads of the flat file, each into its own place in a touched buffer the file's size, in "
+                   f"4 KiB pages, where fio reuses one small buffer per job; a low reference, not a bound: on the "
+                   f"Intel VM reads into 4 KiB pages ran below fio's and fell further in its slow minutes, results/"
+                   f"spot-checks/slow-minutes): the default cold reload paired per round, median "
                    f"{statistics.median(a for a, _ in mem_paired):.2f}× (each: "
                    f"{', '.join(f'{a:.2f}' for a, _ in mem_paired)}); that read itself at "
                    f"{statistics.median(b for _, b in mem_paired):.2f}× the device limit (each: "

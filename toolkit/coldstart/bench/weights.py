@@ -284,10 +284,11 @@ class DirectIntoMemory:
     the run). fio's probes read into one small buffer per job, reused; a reload cannot, it lands
     every byte in a page of its own. On the Intel AMX VM, in the disk's slow minutes, such reads
     (and the page cache's) fell to 1.0-1.2 GiB/s while fio's O_DIRECT still read 1.3-2.0
-    (results/spot-checks/slow-minutes). A reference, not a bound: the page cache, whose folios
-    give each request fewer and larger segments, can read faster than this into 4 KiB pages."""
+    (results/spot-checks/slow-minutes). A low reference, not a bound: the cost is per 4 KiB page
+    written (into 2 MiB pages, ``huge``, the same reads ran at 0.96x fio's and rode through those
+    minutes, results/spot-checks/into-memory-pages), and the page cache's folios are often larger."""
 
-    def __init__(self, path: Path, block: int = 1 << 20, threads: int = 4):
+    def __init__(self, path: Path, block: int = 1 << 20, threads: int = 4, huge: bool = False):
         import mmap
 
         self.path, self.block, self.threads = path, block, threads
@@ -295,6 +296,8 @@ class DirectIntoMemory:
         if self.size == 0:
             raise ColdstartError(f"{path}: too small to read {threads} x {block} B blocks")
         self._buf = mmap.mmap(-1, self.size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        if huge:  # 2 MiB pages where the kernel has them: a request's blocks in a few large segments
+            self._buf.madvise(mmap.MADV_HUGEPAGE)
         ctypes.memset((ctypes.c_char * self.size).from_buffer(self._buf), 1, self.size)
 
     def run(self) -> tuple[int, float]:
