@@ -4,8 +4,10 @@ writes into it? (results/spot-checks/slow-minutes)
 Every few seconds, for DURATION seconds, the page cache of FILE dropped before each read of its first
 SPAN: fio buffered (4 jobs x 1 MiB); fio O_DIRECT (4 jobs x 1 MiB, each job into one reused buffer);
 4 threads of 1 MiB O_DIRECT reads, each block into its own place in an anonymous SPAN touched at the
-start and kept (in 4 KiB pages, then one in 2 MiB pages: MADV_HUGEPAGE), then into a fresh one; then the CPU writes a fresh anonymous SPAN once and the kept
-one again. Each line: seconds since start, the seven rates in GiB/s, the CPU's steal and iowait over
+start and kept (in 4 KiB pages, then one in 2 MiB pages: MADV_HUGEPAGE); the map reload's read (SPAN
+mapped MAP_PRIVATE, MADV_POPULATE_READ in 4 threads x 64 MiB), then the same with the mapping
+madvised MADV_HUGEPAGE (2 MiB page-cache folios); O_DIRECT into a fresh region; then the CPU writes a fresh anonymous SPAN once and the kept
+one again. Each line: seconds since start, the nine rates in GiB/s, the CPU's steal and iowait over
 the sample, and the MiB the guest's free page reporting has handed back since boot.
 
     PYTHONPATH=toolkit .venv/bin/python experiments/slow_minutes.py FILE [DURATION_S] [SPAN_MB] [--keep-memory] > out.txt
@@ -72,6 +74,29 @@ def _direct_into(path: str, dest: mmap.mmap, threads: int = 4, block: int = 1 <<
     return len(dest) / dt / 2**30
 
 
+def _populate(path: str, span: int, huge: bool, threads: int = 4, piece: int = 64 << 20) -> float:
+    """GiB/s of the map reload's read: SPAN of the file mapped MAP_PRIVATE, MADV_POPULATE_READ in
+    ``threads`` threads of ``piece``; with ``huge`` the mapping madvised MADV_HUGEPAGE first, so that
+    the page cache fills 2 MiB folios."""
+    from coldstart.engine.arena import MADV_POPULATE_READ, MAP_PRIVATE, PROT_READ, _libc, _madvise
+
+    _evict(path)
+    fd = os.open(path, os.O_RDONLY)
+    addr = _libc.mmap(None, span, PROT_READ, MAP_PRIVATE, fd, 0)
+    try:
+        t = time.perf_counter()
+        if huge:
+            _madvise(addr, span, 14)  # MADV_HUGEPAGE
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(lambda o: _madvise(addr + o, min(piece, span - o), MADV_POPULATE_READ),
+                          range(0, span, piece)))
+        dt = time.perf_counter() - t
+    finally:
+        _libc.munmap(addr, span)
+        os.close(fd)
+    return span / dt / 2**30
+
+
 def _memset_rate(m: mmap.mmap) -> float:
     buf = (ctypes.c_char * len(m)).from_buffer(m)
     t = time.perf_counter()
@@ -116,7 +141,7 @@ def _series(path: str, duration: float, span: int) -> None:
     kept_huge.madvise(mmap.MADV_HUGEPAGE)
     _memset_rate(kept_huge)
     print(f"# {path}: {span >> 20} MiB per read; GiB/s: fio buffered, fio O_DIRECT, O_DIRECT "
-          "into a kept region (4 KiB pages), into a kept one in 2 MiB pages, into a fresh one, a fresh region written, the kept one written again; steal and "
+          "into a kept region (4 KiB pages), into a kept one in 2 MiB pages, the populate, the populate into 2 MiB folios, O_DIRECT into a fresh one, a fresh region written, the kept one written again; steal and "
           "iowait jiffies per sample", flush=True)
     start = time.monotonic()
     while time.monotonic() - start < duration:
@@ -125,6 +150,8 @@ def _series(path: str, duration: float, span: int) -> None:
         direct = _fio(path, span, direct=True)
         into_kept = _direct_into(path, kept)
         into_huge = _direct_into(path, kept_huge)
+        pop = _populate(path, span, huge=False)
+        pop_huge = _populate(path, span, huge=True)
         fresh = mmap.mmap(-1, span, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         into_fresh = _direct_into(path, fresh)
         fresh.close()
@@ -132,6 +159,7 @@ def _series(path: str, duration: float, span: int) -> None:
         again = _memset_rate(kept)
         c1 = _cpu()
         print(f"{t0 - start:6.1f} s  buffered {buffered:.2f}  direct {direct:.2f}  direct-into-kept {into_kept:.2f}  direct-into-kept-2M {into_huge:.2f}"
+              f"  populate {pop:.2f}  populate-2M {pop_huge:.2f}"
               f"  direct-into-fresh {into_fresh:.2f}  anon {anon:.2f}  rewrite {again:.2f}"
               f"  steal {c1[7] - c0[7]}  iowait {c1[4] - c0[4]}"
               f"  reported {_reported_mib()} MiB", flush=True)

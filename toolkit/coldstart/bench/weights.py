@@ -284,9 +284,9 @@ class DirectIntoMemory:
     the run). fio's probes read into one small buffer per job, reused; a reload cannot, it lands
     every byte in a page of its own. On the Intel AMX VM, in the disk's slow minutes, such reads
     (and the page cache's) fell to 1.0-1.2 GiB/s while fio's O_DIRECT still read 1.3-2.0
-    (results/spot-checks/slow-minutes). A low reference, not a bound: the cost is per 4 KiB page
-    written (into 2 MiB pages, ``huge``, the same reads ran at 0.96x fio's and rode through those
-    minutes, results/spot-checks/into-memory-pages), and the page cache's folios are often larger."""
+    (results/spot-checks/slow-minutes). A low reference, not a bound: into 4 KiB pages these reads
+    ran 8-28% below fio's outside those minutes, into 2 MiB pages (``huge``) at 0.96-1.01x
+    (results/spot-checks/into-memory-pages), and the page cache's folios are often larger."""
 
     def __init__(self, path: Path, block: int = 1 << 20, threads: int = 4, huge: bool = False):
         import mmap
