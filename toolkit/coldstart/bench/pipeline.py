@@ -164,13 +164,14 @@ def reload_table(rows: list[dict], size: str, methods: tuple[str, ...] = METHODS
     return lines
 
 
-def device_probes(rows: list[dict], kind: str = "") -> dict[int, float]:
+def device_probes(rows: list[dict], kind: str = "", method: str = "device") -> dict[int, float]:
     """Each round's device, GiB/s: the fastest fio shape whose name starts with ``kind`` ("buffered",
     "O_DIRECT"; "": any, the device limit) at each of the round's probes, averaged over them (before
-    the round, and right after its default's cold reload where the run took one)."""
+    the round, and right after its default's cold reload where the run took one). ``method``
+    "device-memory": the read into memory taken at the same moments instead of fio's."""
     at: dict[int, dict[str, float]] = {}
     for r in rows:
-        if r["method"] == "device" and r["seconds"] > 0 and r.get("detail", {}).get("fio", "").startswith(kind):
+        if r["method"] == method and r["seconds"] > 0 and r.get("detail", {}).get("fio", "").startswith(kind):
             w = at.setdefault(r["rep"], {})
             when = r.get("when", "before")
             w[when] = max(w.get(when, 0.0), r["bytes"] / 2**30 / r["seconds"])
@@ -251,12 +252,8 @@ def _reload_bound(rows: list[dict], per_round: dict[int, float]) -> list[str]:
                        f"{', '.join(f'{x:.2f}' for x in vs)}). The device limit above, the fastest of the shapes in "
                        f"each round, is a maximum of noisy probes: that shape itself read at "
                        f"{statistics.median(own):.2f}× of it (median).")
-    mem = {}
-    for r in rows:
-        if r["method"] == "device-memory" and r["seconds"] > 0:
-            mem.setdefault(r["rep"], []).append(r["bytes"] / 2**30 / r["seconds"])
-    mem_paired = [(r["bytes"] / 2**30 / r["seconds"] / statistics.mean(mem[r["rep"]]),
-                   statistics.mean(mem[r["rep"]]) / per_round[r["rep"]]) for r in rows
+    mem = device_probes(rows, method="device-memory")
+    mem_paired = [(r["bytes"] / 2**30 / r["seconds"] / mem[r["rep"]], mem[r["rep"]] / per_round[r["rep"]]) for r in rows
                   if r["cache"] == "cold" and r["method"] == "auto" and r["rep"] in mem and r["rep"] in per_round]
     if mem_paired:
         out.append(f"Into memory, as a reload must land its bytes (the same probes' moments: O_DIRECT, 4 threads, "
