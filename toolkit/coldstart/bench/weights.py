@@ -304,7 +304,11 @@ class DirectIntoMemory:
         """(bytes, seconds) of one read of the file's head into the buffer; the caller evicts first."""
         from concurrent.futures import ThreadPoolExecutor
 
-        fd = os.open(self.path, os.O_RDONLY | os.O_DIRECT)
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECT)
+        except OSError as e:
+            raise ColdstartError(f"{self.path}: cannot open with O_DIRECT ({e.strerror}): the into-memory "
+                                 "probe needs a file system that supports it") from None
         view = memoryview(self._buf)
         per = self.size // self.threads
 
