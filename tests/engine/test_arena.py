@@ -156,6 +156,41 @@ def test_settle_moves_mapped_weights_into_anonymous_memory_in_place(tmp_path: Pa
         assert torch.equal(t, before[n]), n
 
 
+def _vm_flags(addr: int) -> set[str]:
+    """VmFlags of the mapping that covers ``addr`` (from /proc/self/smaps)."""
+    lines = Path("/proc/self/smaps").read_text().splitlines()
+    for i, line in enumerate(lines):
+        head = line.split()[0]
+        if "-" in head and all(c in "0123456789abcdef-" for c in head):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            if lo <= addr < hi:
+                return set(next(x for x in lines[i + 1:] if x.startswith("VmFlags:")).split()[1:])
+    raise AssertionError(f"nothing mapped at {addr:#x}")
+
+
+def test_a_map_asks_for_huge_page_cache_folios_unless_told_not_to(tmp_path: Path):
+    """map_file advises its mapping MADV_HUGEPAGE (the kernel then reads the file into 2 MiB
+    folios); ``huge=False`` leaves the mapping plain, and a release gives back a plain arena."""
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not thp.exists() or "[never]" in thp.read_text():
+        pytest.skip("transparent huge pages are off on this kernel")
+    m = Tiny()
+    before = _snapshot(m)
+    arena = WeightArena.build(model_tensor_objects(m))
+    dump_tensors(model_tensors(m).items(), tmp_path / "flat")
+    arena.release()
+    arena.map_file(read_index(tmp_path / "flat"), threads=1)
+    assert "hg" in _vm_flags(arena.addr)
+    for n, t in model_tensors(m).items():
+        assert torch.equal(t, before[n]), n
+    arena.release()
+    assert "hg" not in _vm_flags(arena.addr)
+    arena.map_file(read_index(tmp_path / "flat"), threads=1, huge=False)
+    assert "hg" not in _vm_flags(arena.addr)
+    for n, t in model_tensors(m).items():
+        assert torch.equal(t, before[n]), n
+
+
 def _backing(addr: int) -> str:
     """The path of the mapping covering ``addr`` in /proc/self/maps ("" for anonymous memory)."""
     for line in Path("/proc/self/maps").read_text().splitlines():

@@ -59,7 +59,8 @@ DEFAULT_RELOAD = "auto"
 # ours: the worker's coldstart_reload arguments of each method (copy: the loader chooses O_DIRECT or not)
 RELOAD_KW = {"copy": {"mode": "copy"}, "map": {"mode": "map"}, "auto": {"mode": "auto"},
              "copy-odirect": {"mode": "copy", "direct": True}, "copy-buffered": {"mode": "copy", "direct": False},
-             "map-serial": {"mode": "map", "overlap": False}, "auto-repack": {"mode": "auto", "packed": False}}
+             "map-serial": {"mode": "map", "overlap": False}, "auto-repack": {"mode": "auto", "packed": False},
+             "auto-4k": {"mode": "auto", "huge": False}}
 ALL_RELOAD_METHODS = ("stock", *RELOAD_KW)
 
 
@@ -90,7 +91,8 @@ def reload_table(rows: list[dict], size: str, methods: tuple[str, ...] = METHODS
              "their buffers (oneDNN's handles: coldstart.engine.packed), a map or auto reload maps the buffers "
              "back from the packed dump the run wrote beside the flat file (**map+packed** in the last column: "
              "nothing packed; map-serial then populates the two files one after the other, not side by side); "
-             "**auto-repack** = auto told not to (`packed=False`). Otherwise our reload ends by packing them "
+             "**auto-repack** = auto told not to (`packed=False`); **auto-4k** = auto without 2 MiB "
+             "page-cache folios under its mapping (`huge=False`). Otherwise our reload ends by packing them "
              "again (**prepack**; vLLM's stock reload packs its own inside its time): **reload** is the whole "
              "step, **read** the part before the prepack (the loader's copy, or map + populate), **GiB/s** the "
              "bytes read over that part (a packed refill reads the packed dump and the flat file's other "
@@ -301,7 +303,8 @@ def bench_reload(
     methods: str = typer.Option(",".join(METHODS), help="comma list of: " + ",".join(ALL_RELOAD_METHODS)
                                 + " (copy-odirect / copy-buffered: a copy reload forced to O_DIRECT / the page cache; "
                                 "map-serial: a map that packs after its populate, the read timed alone; "
-                                "auto-repack: auto without the packed refill)"),
+                                "auto-repack: auto without the packed refill; "
+                                "auto-4k: auto without 2 MiB page-cache folios)"),
     keep_memory: bool = typer.Option(False, "--keep-memory", help=hostwatch.KEEP_MEMORY_HELP),
 ) -> None:
     """Weight reload step alone: vLLM's stock reload_weights vs ours (copy through the loader, and the

@@ -20,6 +20,8 @@ docs/engine.md);
 result says why: ``auto_choice`` / ``map_refused``), cold or cached: a cold map reads the file once,
 into the page cache, while a copy also faults in and fills every page of the released arena (see
 ``_auto_choice``). Set ``COLDSTART_WEIGHT_ARENA=0`` to keep vLLM's own allocation (copy only).
+A map reads the file into 2 MiB page-cache folios (WeightArena.map_file ``huge``; off with
+``coldstart_reload(huge=False)`` or ``COLDSTART_HUGE_FOLIOS=0``).
 
 Linear layers keep their weight as a plain tensor (the one sleep releases and a reload refills in
 place) and, while awake, serve through vLLM's own prepacked oneDNN/SGL handle built from it: the
@@ -111,6 +113,14 @@ RELOAD_MODES = ("auto", "map", "copy")
 def default_reload_mode() -> str:
     mode = os.environ.get("COLDSTART_RELOAD_MODE", "auto") or "auto"
     return mode if mode in RELOAD_MODES else "auto"
+
+
+def _huge_folios(huge: Any) -> bool:
+    """Whether a map reload asks for 2 MiB page-cache folios (None: ``$COLDSTART_HUGE_FOLIOS``, on
+    unless "0")."""
+    if huge is None:
+        return os.environ.get("COLDSTART_HUGE_FOLIOS", "1") != "0"
+    return bool(huge)
 
 
 def _resident_fraction(flat: Path) -> float:
@@ -566,14 +576,15 @@ class ColdstartRPCMixin:
     def coldstart_reload(self, path: str | None = None, threads: Any = None, verify: Any = False,
                          direct: Any = None, chunk_bytes: Any = None, buffers: Any = None,
                          mode: Any = None, populate_threads: Any = 4, prepack_threads: Any = None,
-                         overlap: Any = None, packed: Any = None) -> dict:
+                         overlap: Any = None, packed: Any = None, huge: Any = None) -> dict:
         """Refill every parameter and buffer from a flat dump (``mode``: map | copy | auto, see the
         module docstring); returns the stats. ``path`` defaults to the flat dir found for the served
         model (see plugin.find_flat_dir). ``overlap`` (map mode): prepack while the populating
         threads still fault the file in (_overlap_prepack; None: $COLDSTART_PREPACK_OVERLAP here).
         ``packed`` (map/auto): after a sleep(2) that released the packed handles' buffers, read them
         back from the packed dump beside the flat file (coldstart_dump_packed) instead of packing
-        again, when it matches them (None/True); False packs again."""
+        again, when it matches them (None/True); False packs again. ``huge`` (map/auto): 2 MiB
+        page-cache folios under the mapping (_huge_folios; None: $COLDSTART_HUGE_FOLIOS here)."""
         from coldstart.weights.loader import load_into
 
         self._cs_stop_settling()
@@ -584,15 +595,17 @@ class ColdstartRPCMixin:
         if mode not in RELOAD_MODES:
             raise ValueError(f"reload mode {mode!r}: choose one of {', '.join(RELOAD_MODES)}")
         kept, self._cs_kept = self._cs_kept, None  # kept handles stand for one reload only
+        huge = _huge_folios(decode_arg(huge))
         if kept is not None and mode in ("map", "auto") and not decode_arg(verify):
-            out = self._cs_reload_kept(flat, kept, int(decode_arg(populate_threads)))
+            out = self._cs_reload_kept(flat, kept, int(decode_arg(populate_threads)), huge=huge)
             if out is not None:
                 return out
         released, self._cs_released = self._cs_released, None  # (any other reload packs anew)
         packed_why = ""  # why the packed handles' buffers were not mapped back (the usual path packs anew)
         if released is not None and mode in ("map", "auto") and decode_arg(packed) is not False:
             out = self._cs_reload_packed(flat, released, bool(decode_arg(verify)), int(decode_arg(populate_threads)),
-                                         decode_arg(prepack_threads), decode_arg(overlap) is not False)
+                                         decode_arg(prepack_threads), decode_arg(overlap) is not False,
+                                         huge=huge)
             if isinstance(out, dict):
                 return out
             packed_why = out
@@ -626,7 +639,8 @@ class ColdstartRPCMixin:
                 try:
                     index = read_index(flat)
                     out = self._cs_arena.map_file(index, threads=int(decode_arg(populate_threads)),
-                                                  verify=check, populate="background" if side else "now")
+                                                  verify=check, populate="background" if side else "now",
+                                                  huge=huge)
                     if side:
                         out.update(self._cs_prepack(decode_arg(prepack_threads), touch=self._cs_arena.populate_tensor,
                                                     source=index))
@@ -731,7 +745,7 @@ class ColdstartRPCMixin:
         packed["prepack_overlapped"] = True
         return result["stats"], packed
 
-    def _cs_reload_kept(self, flat: Path, kept: str, populate_threads: int) -> dict | None:
+    def _cs_reload_kept(self, flat: Path, kept: str, populate_threads: int, huge: bool = True) -> dict | None:
         """The reload after a restore whose packed handles were kept through the checkpoint: the
         flat file mapped over the arena, only the spans no handle covers populated, no prepack.
         None (the caller reloads as usual, repacking) unless the file is the dump the handles were
@@ -756,7 +770,7 @@ class ColdstartRPCMixin:
         if not layers or None in names or not index.absent <= names:
             return None  # (the usual path then refuses a file that leaves out weights no handle holds)
         try:
-            out = arena.map_file(index, threads=populate_threads, skip=names)
+            out = arena.map_file(index, threads=populate_threads, skip=names, huge=huge)
         except ColdstartError as e:
             if arena.mapped:
                 arena.release()
@@ -772,7 +786,7 @@ class ColdstartRPCMixin:
         return out
 
     def _cs_reload_packed(self, flat: Path, released: tuple[str, str], verify: bool, populate_threads: int,
-                          prepack_threads: Any, overlap: bool = True) -> dict | str:
+                          prepack_threads: Any, overlap: bool = True, huge: bool = True) -> dict | str:
         """The reload after a sleep(2) that kept the packed handles and released their buffers (the
         packed arena): the flat file mapped over the weight arena (the plain weights only a handle
         reads are mapped, not read) and the packed dump beside it (packed.dump_dir) over the packed
@@ -809,14 +823,14 @@ class ColdstartRPCMixin:
         background = overlap and not verify
         try:
             out = arena.map_file(index, threads=populate_threads, skip=only, verify=verify,
-                                 populate="background" if background else "now")
+                                 populate="background" if background else "now", huge=huge)
         except ColdstartError as e:
             if arena.mapped:
                 arena.release()
             return f"mapping the weights refused: {e}"
         try:
             parena.map_file(pindex, threads=populate_threads, verify=verify,
-                           populate="background" if background else "now")
+                           populate="background" if background else "now", huge=huge)
         except ColdstartError as e:  # pack them from the plain weights mapped above
             if parena.mapped:
                 parena.release()
