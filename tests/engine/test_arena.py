@@ -105,18 +105,21 @@ def test_arena_refuses_moved_tensor(tmp_path: Path):
         arena.map_file(read_index(tmp_path / "flat"))
 
 
-def _anon_kib(addr: int, size: int) -> int:
-    """Anonymous KiB of the mapping that covers [addr, addr+size) (from /proc/self/smaps)."""
+def _smaps_entry(addr: int) -> list[str]:
+    """The /proc/self/smaps lines of the mapping that covers ``addr`` (its header first)."""
     lines = Path("/proc/self/smaps").read_text().splitlines()
-    for i, line in enumerate(lines):
-        head = line.split()[0]
-        if "-" in head and all(c in "0123456789abcdef-" for c in head):
-            lo, hi = (int(x, 16) for x in head.split("-"))
-            if lo <= addr < hi:
-                for x in lines[i + 1:]:
-                    if x.startswith("Anonymous:"):
-                        return int(x.split()[1])
-    raise AssertionError("no mapping covers the arena")
+    heads = [i for i, line in enumerate(lines)
+             if "-" in line.split()[0] and all(c in "0123456789abcdef-" for c in line.split()[0])]
+    for i, j in zip(heads, [*heads[1:], len(lines)]):
+        lo, hi = (int(x, 16) for x in lines[i].split()[0].split("-"))
+        if lo <= addr < hi:
+            return lines[i:j]
+    raise AssertionError(f"nothing mapped at {addr:#x}")
+
+
+def _anon_kib(addr: int, size: int) -> int:
+    """Anonymous KiB of the mapping that covers [addr, addr+size)."""
+    return int(next(x for x in _smaps_entry(addr) if x.startswith("Anonymous:")).split()[1])
 
 
 def test_settle_moves_mapped_weights_into_anonymous_memory_in_place(tmp_path: Path):
@@ -157,15 +160,8 @@ def test_settle_moves_mapped_weights_into_anonymous_memory_in_place(tmp_path: Pa
 
 
 def _vm_flags(addr: int) -> set[str]:
-    """VmFlags of the mapping that covers ``addr`` (from /proc/self/smaps)."""
-    lines = Path("/proc/self/smaps").read_text().splitlines()
-    for i, line in enumerate(lines):
-        head = line.split()[0]
-        if "-" in head and all(c in "0123456789abcdef-" for c in head):
-            lo, hi = (int(x, 16) for x in head.split("-"))
-            if lo <= addr < hi:
-                return set(next(x for x in lines[i + 1:] if x.startswith("VmFlags:")).split()[1:])
-    raise AssertionError(f"nothing mapped at {addr:#x}")
+    """VmFlags of the mapping that covers ``addr``."""
+    return set(next(x for x in _smaps_entry(addr) if x.startswith("VmFlags:")).split()[1:])
 
 
 def test_a_map_asks_for_huge_page_cache_folios_unless_told_not_to(tmp_path: Path):
