@@ -175,13 +175,13 @@ def test_a_map_asks_for_huge_page_cache_folios_unless_told_not_to(tmp_path: Path
     arena = WeightArena.build(model_tensor_objects(m))
     dump_tensors(model_tensors(m).items(), tmp_path / "flat")
     arena.release()
-    arena.map_file(read_index(tmp_path / "flat"), threads=1)
+    assert arena.map_file(read_index(tmp_path / "flat"), threads=1)["huge_folios"]
     assert "hg" in _vm_flags(arena.addr)
     for n, t in model_tensors(m).items():
         assert torch.equal(t, before[n]), n
     arena.release()
     assert "hg" not in _vm_flags(arena.addr)
-    arena.map_file(read_index(tmp_path / "flat"), threads=1, huge=False)
+    assert not arena.map_file(read_index(tmp_path / "flat"), threads=1, huge=False)["huge_folios"]
     assert "hg" not in _vm_flags(arena.addr)
     for n, t in model_tensors(m).items():
         assert torch.equal(t, before[n]), n

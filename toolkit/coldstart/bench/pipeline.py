@@ -407,7 +407,7 @@ def bench_reload(
                                    "mode", "map_s", "populate_s", "copied_tensors", "threads", "read_s", "o_direct",
                                    "direct_choice", "auto_choice", "reader_cpus", "prepack_s", "prepacked_linears",
                                    "prepack_overlapped", "prepack_waited_s", "packed_refilled", "packed_bytes",
-                                   "packed_read_s", "packed_refused")}}
+                                   "packed_read_s", "packed_refused", "huge_folios")}}
                         rows.append(row)
                         print(json.dumps(row), file=sys.stderr, flush=True)
                         if method == "stock" and len(chosen) > 1:

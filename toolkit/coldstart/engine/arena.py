@@ -258,9 +258,11 @@ class WeightArena:
             os.close(fd)
         self.mapped = str(path)
         self.lazy = sorted(skip)
+        advised = False
         if huge:
             try:
                 _madvise(self.addr, self.size, MADV_HUGEPAGE)
+                advised = True
             except OSError:  # a kernel without transparent huge pages: 4 KiB folios, as before
                 pass
         t_map = time.perf_counter()
@@ -306,6 +308,7 @@ class WeightArena:
                 "copied_tensors": len(self.left_in_place()), "seconds": round(t1 - t0, 6),
                 "map_s": round(t_map - t0, 6), "populate_s": round(t_pop - t_map, 6),
                 "verify_s": round(t_ver - t_pop, 6), "verified": bool(verify), "threads": threads,
+                "huge_folios": advised,
                 "gib_s": round(self.size / 2**30 / (t1 - t0), 3) if t1 > t0 else 0.0}
 
     def wait_populated(self) -> float:
