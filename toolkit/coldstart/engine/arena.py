@@ -230,9 +230,11 @@ class WeightArena:
         ``skip``: spans the caller will not read (linear weights whose packed handles were kept
         through the checkpoint): mapped like the rest, neither read ahead nor populated.
         ``huge``: MADV_HUGEPAGE on the mapping, so that a cold read fills the page cache in 2 MiB
-        folios: the device's writes then land in pages of their own fewer times, which is what a
-        virtual disk pays for (Intel AMX VM: 1.04-1.07x faster in 16 of 16 paired rounds, at less
-        CPU; results/spot-checks/huge-folios). Pages already cached are mapped as they are."""
+        folios (99% of the file against ~60% without): the device then writes into a few large
+        pages instead of many small ones, which the Intel AMX VM's hypervisor charges for (1.04-1.07x
+        faster paired in seven runs, for about half the CPU; results/spot-checks/huge-folios,
+        results/reload-intel-28 to -32). Pages already cached are mapped as they are. The stats'
+        ``huge_folios``: whether the kernel took the advice.
         if populate not in ("now", "background"):
             raise ValueError(f"populate must be now or background, not {populate!r}")
         import torch

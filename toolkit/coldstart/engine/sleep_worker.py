@@ -21,7 +21,8 @@ result says why: ``auto_choice`` / ``map_refused``), cold or cached: a cold map 
 into the page cache, while a copy also faults in and fills every page of the released arena (see
 ``_auto_choice``). Set ``COLDSTART_WEIGHT_ARENA=0`` to keep vLLM's own allocation (copy only).
 A map reads the file into 2 MiB page-cache folios (WeightArena.map_file ``huge``; off with
-``coldstart_reload(huge=False)`` or ``COLDSTART_HUGE_FOLIOS=0``).
+``coldstart_reload(huge=False)`` or ``COLDSTART_HUGE_FOLIOS=0``, which a restore passes on from its
+own environment: a restored worker's is the checkpoint's).
 
 Linear layers keep their weight as a plain tensor (the one sleep releases and a reload refills in
 place) and, while awake, serve through vLLM's own prepacked oneDNN/SGL handle built from it: the

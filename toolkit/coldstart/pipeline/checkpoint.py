@@ -469,11 +469,13 @@ def _last_sleep(client) -> dict:
     return st.get("last") or {}
 
 
-def reload_weights(client, snap: Path, weights: dict, mode: str | None = None, overlap: bool | str | None = None):
+def reload_weights(client, snap: Path, weights: dict, mode: str | None = None, overlap: bool | str | None = None,
+                   huge: bool | None = None):
     """Refill the woken weights: the snapshot's flat file mapped over the weight arena or copied
     through our loader (CPU sleep worker; ``mode`` map | copy | auto, default the worker's;
     ``overlap``: a map reload prepacks while the file is still arriving: True, False, "auto" (when
-    it is not all cached), None the worker's default),
+    it is not all cached), None the worker's default; ``huge``: a map reads into 2 MiB page-cache
+    folios, None the worker's default),
     else vLLM's own ``reload_weights`` from the model (GPU path: unverified on GPU)."""
     if weights.get("dir"):
         kw: dict = {"path": str(snap / weights["dir"])}
@@ -481,6 +483,8 @@ def reload_weights(client, snap: Path, weights: dict, mode: str | None = None, o
             kw["mode"] = mode
         if overlap is not None:
             kw["overlap"] = overlap
+        if huge is not None:
+            kw["huge"] = huge
         res = client.collective_rpc("coldstart_reload", kwargs=kw)
         for r in res:
             if isinstance(r, dict) and r.get("error"):

@@ -358,6 +358,7 @@ READ_AHEAD_ENV = "COLDSTART_CRIU_READ_AHEAD"
 # "0": a map reload prepacks after populating, "1": beside it; unset or "auto": beside it when the
 # weights file is not all in the page cache (sleep_worker._overlap_prepack)
 PREPACK_OVERLAP_ENV = "COLDSTART_PREPACK_OVERLAP"
+HUGE_FOLIOS_ENV = "COLDSTART_HUGE_FOLIOS"  # "0": a map reload reads into small page-cache folios (to compare)
 WARM_AFTER_CRIU_ENV = "COLDSTART_WARM_AFTER_CRIU"  # "1": the warmer's reads wait for CRIU's resume (to compare)
 IMPORTS_ENV = "COLDSTART_IMPORTS_BESIDE_CRIU"  # "0": no import thread beside CRIU (to compare)
 
@@ -1115,9 +1116,10 @@ def _wake_and_reload(client, snap: Path, m: Manifest, opts: RestoreOptions, tl: 
     mode = "map" if opts.reload_mode == "auto" and warming else opts.reload_mode
     # (from this process's environment: the restored worker's is the checkpoint's)
     overlap = {"0": False, "1": True}.get(os.environ.get(PREPACK_OVERLAP_ENV, ""), "auto")
+    huge = os.environ.get(HUGE_FOLIOS_ENV, "1") != "0"
     from coldstart.pipeline.checkpoint import reload_weights
 
-    res = reload_weights(client, snap, m.weights, mode=mode, overlap=overlap)
+    res = reload_weights(client, snap, m.weights, mode=mode, overlap=overlap, huge=huge)
     dt = time.monotonic() - t
     nbytes = int(m.weights.get("bytes", 0))
     r0 = res[0] if res and isinstance(res[0], dict) else {}
@@ -1126,7 +1128,7 @@ def _wake_and_reload(client, snap: Path, m: Manifest, opts: RestoreOptions, tl: 
             **{k: r0[k] for k in ("auto_choice", "map_refused", "o_direct", "prepack_s", "prepacked_linears",
                                   "populate_s", "prepack_overlapped", "prepack_waited_s", "resident_at_start",
                                   "packed_kept", "handles_only", "populated_bytes", "packed_refilled",
-                                  "packed_bytes", "packed_populate_s", "packed_refused")
+                                  "packed_bytes", "packed_populate_s", "packed_refused", "huge_folios")
                if r0.get(k) or (k == "resident_at_start" and r0.get(k) is not None)})
     client.wake_up(["kv_cache"])
     tl.mark(EventName.WAKE_KV)
