@@ -234,7 +234,7 @@ class WeightArena:
         pages instead of many small ones, which the Intel AMX VM's hypervisor charges for (1.04-1.07x
         faster paired in seven runs, for about half the CPU; results/spot-checks/huge-folios,
         results/reload-intel-28 to -32). Pages already cached are mapped as they are. The stats'
-        ``huge_folios``: whether the kernel took the advice.
+        ``huge_folios``: whether the kernel took the advice."""
         if populate not in ("now", "background"):
             raise ValueError(f"populate must be now or background, not {populate!r}")
         import torch
