@@ -214,3 +214,34 @@ def test_cli_mount_and_umount(registry, tree, tmp_path):
     finally:
         subprocess.run([sys.executable, "-m", "coldstart.cli", "umount", info["mountpoint"]], check=True, timeout=60)
     assert not os.path.ismount(info["mountpoint"])
+
+
+def test_a_mount_whose_daemon_was_killed_is_swept(registry, tree, tmp_path):
+    """A daemon SIGKILLed under its mount leaves a dead mount point (every access fails);
+    sweep_dead unmounts and removes it, and leaves a live mount beside it alone."""
+    import signal
+
+    ref = f"{registry.host}/t/sweep:v1"
+    artifact.push(tree, ref, **SMALL)
+    root = tmp_path / "mounts"
+    dead = mount.mount(ref, root / "dead-1", prefetch=False, timeout_s=5)
+    live = mount.mount(ref, root / "live-2", prefetch=False, timeout_s=5)
+    try:
+        os.kill(dead.pid, signal.SIGKILL)
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            try:
+                os.statvfs(root / "dead-1")
+            except OSError as e:
+                assert e.errno in mount.DEAD_MOUNT
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the mount stayed readable after its daemon was killed")
+        assert mount.sweep_dead(root) == [root / "dead-1"]
+        assert not (root / "dead-1").exists() and not os.path.ismount(root / "dead-1")
+        assert os.path.ismount(root / "live-2")
+        same_tree(tree, root / "live-2")
+        assert mount.sweep_dead(root) == []
+    finally:
+        live.unmount()

@@ -43,8 +43,10 @@ def write_owner(restore_dir: Path, snapshot: Path, server_pid: int = 0, mounts: 
 def gc_restore_dirs() -> list[Path]:
     """Remove the state dirs of restores whose entrypoint and server are both gone (a restore with
     --no-serve leaves its server running on its dir, so the entrypoint's exit alone is no reason),
-    and unmount the lazy mounts they recorded (such a restore has no entrypoint left to do it)."""
-    from coldstart.registry.mount import unmount_left
+    and unmount the lazy mounts they recorded (such a restore has no entrypoint left to do it), and
+    any mount of the node's whose daemon is gone (registry.mount.sweep_dead)."""
+    from coldstart.registry.mount import sweep_dead, unmount_left
+    from coldstart.state import state_dir
 
     removed = []
     for owner in (restores_dir().glob("*/" + OWNER) if restores_dir().is_dir() else []):
@@ -57,6 +59,7 @@ def gc_restore_dirs() -> list[Path]:
                 unmount_left(Path(mp))
             shutil.rmtree(owner.parent, ignore_errors=True)
             removed.append(owner.parent)
+    sweep_dead(state_dir() / "mounts")
     return removed
 
 

@@ -11,6 +11,7 @@ live mount uses.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -186,6 +187,33 @@ def unmount_left(mountpoint: Path) -> bool:
     except OSError:
         pass
     return True
+
+
+DEAD_MOUNT = (errno.ENOTCONN, errno.ECONNABORTED)  # what a FUSE mount answers once its daemon is gone
+
+
+def sweep_dead(root: Path) -> list[Path]:
+    """Unmount the mounts under ``root`` whose daemon is gone (its owner was SIGKILLed before it could
+    unmount: every access then fails, ENOTCONN or ECONNABORTED, and the mount point stays) and remove
+    their mount points; returns them. A live mount is left alone, whoever made it."""
+    swept = []
+    for mp in sorted(root.iterdir()) if root.is_dir() else []:
+        try:
+            os.statvfs(mp)  # (answered by the daemon; a stat may come from the kernel's attribute cache)
+            continue
+        except OSError as e:
+            if e.errno not in DEAD_MOUNT:
+                continue
+        try:
+            unmount_point(mp, lazy=True)
+        except ColdstartError:
+            continue
+        try:
+            mp.rmdir()
+        except OSError:
+            pass
+        swept.append(mp)
+    return swept
 
 
 def _alive(pid: int, proc: subprocess.Popen | None) -> bool:
