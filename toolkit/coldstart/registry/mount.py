@@ -174,10 +174,24 @@ def unmount_point(mountpoint: Path | str, lazy: bool = False) -> None:
         raise ColdstartError(f"cannot unmount {mountpoint}: {p.stderr.strip() or p.returncode}")
 
 
+DEAD_MOUNT = (errno.ENOTCONN, errno.ECONNABORTED)  # what a FUSE mount answers once its daemon is gone
+
+
+def _dead(mountpoint: Path | str) -> bool:
+    """A FUSE mount whose daemon is gone (statvfs is answered by the daemon; a stat may come from the
+    kernel's attribute cache for a while)."""
+    try:
+        os.statvfs(mountpoint)
+    except OSError as e:
+        return e.errno in DEAD_MOUNT
+    return False
+
+
 def unmount_left(mountpoint: Path) -> bool:
     """Unmount a mount its users left behind (lazily: nothing should map it now) and remove its mount
-    point; False where the unmount was refused (left for `coldstart umount`)."""
-    if os.path.ismount(mountpoint):
+    point; False where the unmount was refused (left for `coldstart umount`). A mount whose daemon is
+    gone counts as mounted (os.path.ismount says False there: its stat fails)."""
+    if _dead(mountpoint) or os.path.ismount(mountpoint):
         try:
             unmount_point(mountpoint, lazy=True)
         except ColdstartError:
@@ -189,31 +203,11 @@ def unmount_left(mountpoint: Path) -> bool:
     return True
 
 
-DEAD_MOUNT = (errno.ENOTCONN, errno.ECONNABORTED)  # what a FUSE mount answers once its daemon is gone
-
-
 def sweep_dead(root: Path) -> list[Path]:
     """Unmount the mounts under ``root`` whose daemon is gone (its owner was SIGKILLed before it could
     unmount: every access then fails, ENOTCONN or ECONNABORTED, and the mount point stays) and remove
     their mount points; returns them. A live mount is left alone, whoever made it."""
-    swept = []
-    for mp in sorted(root.iterdir()) if root.is_dir() else []:
-        try:
-            os.statvfs(mp)  # (answered by the daemon; a stat may come from the kernel's attribute cache)
-            continue
-        except OSError as e:
-            if e.errno not in DEAD_MOUNT:
-                continue
-        try:
-            unmount_point(mp, lazy=True)
-        except ColdstartError:
-            continue
-        try:
-            mp.rmdir()
-        except OSError:
-            pass
-        swept.append(mp)
-    return swept
+    return [mp for mp in (sorted(root.iterdir()) if root.is_dir() else []) if _dead(mp) and unmount_left(mp)]
 
 
 def _alive(pid: int, proc: subprocess.Popen | None) -> bool:
