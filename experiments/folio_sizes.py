@@ -17,13 +17,12 @@ from __future__ import annotations
 import json
 import os
 import random
-import resource
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
+from _ranges import cpu_seconds, over_threads, pieces
 from coldstart.engine.arena import (MADV_HUGEPAGE, MADV_POPULATE_READ, MADV_WILLNEED, MAP_PRIVATE, PROT_READ,
                                     _libc, _madvise)
 from coldstart.warm.residency import evict_all
@@ -59,22 +58,7 @@ def cell(huge: bool) -> dict:
         if huge:
             _madvise(addr, size, MADV_HUGEPAGE)
         _madvise(addr, size, MADV_WILLNEED)
-        ranges = [(o, min(PIECE, size - o)) for o in range(0, size, PIECE)]
-        lock = threading.Lock()
-
-        def work():
-            while True:
-                with lock:
-                    if not ranges:
-                        return
-                    o, n = ranges.pop(0)
-                _madvise(addr + o, n, MADV_POPULATE_READ)
-
-        ths = [threading.Thread(target=work) for _ in range(THREADS)]
-        for th in ths:
-            th.start()
-        for th in ths:
-            th.join()
+        over_threads(THREADS, pieces(size, PIECE), lambda o, n: _madvise(addr + o, n, MADV_POPULATE_READ))
         secs = time.perf_counter() - t
         f = smaps_kib(addr)
         return {"seconds": round(secs, 4), "gib_s": round(size / secs / 2**30, 3), "aligned_2m": addr % (2 << 20) == 0,
@@ -91,10 +75,9 @@ for rnd in range(rounds):
     random.Random(rnd).shuffle(order)
     for huge in order:
         evict_all([path])
-        ru = resource.getrusage(resource.RUSAGE_SELF)
+        cpu = cpu_seconds()
         row = {"round": rnd, "cell": "hugepage" if huge else "plain", **cell(huge)}
-        ru2 = resource.getrusage(resource.RUSAGE_SELF)
-        row["cpu_s"] = round(ru2.ru_utime + ru2.ru_stime - ru.ru_utime - ru.ru_stime, 3)
+        row["cpu_s"] = round(cpu_seconds() - cpu, 3)
         rows.append(row)
         print(json.dumps(row), flush=True)
 out.mkdir(parents=True, exist_ok=True)

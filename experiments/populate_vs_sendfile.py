@@ -24,18 +24,15 @@ from __future__ import annotations
 import json
 import os
 import random
-import resource
 import statistics
 import sys
 import threading
 import time
 from pathlib import Path
 
-from coldstart.bench.weights import fio_run
-from coldstart.engine.arena import MADV_POPULATE_READ, MAP_PRIVATE, PROT_READ, _libc, _madvise
+from _ranges import cpu_seconds, device_gib_s, over_threads, pieces
+from coldstart.engine.arena import MADV_HUGEPAGE, MADV_POPULATE_READ, MAP_PRIVATE, PROT_READ, _libc, _madvise
 from coldstart.warm.residency import evict_all, read_into_cache
-
-MADV_HUGEPAGE = 14
 
 path, out = Path(sys.argv[1]), Path(sys.argv[2])
 rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 6
@@ -43,22 +40,7 @@ size = path.stat().st_size
 
 
 def run_threads(threads: int, piece: int, fn) -> None:
-    ranges = [(o, min(piece, size - o)) for o in range(0, size, piece)]
-    lock = threading.Lock()
-
-    def work():
-        while True:
-            with lock:
-                if not ranges:
-                    return
-                o, n = ranges.pop(0)
-            fn(o, n)
-
-    ths = [threading.Thread(target=work) for _ in range(threads)]
-    for t in ths:
-        t.start()
-    for t in ths:
-        t.join()
+    over_threads(threads, pieces(size, piece), fn)
 
 
 def odirect_cell(huge: bool, threads: int, piece: int) -> float:
@@ -115,22 +97,15 @@ if len(sys.argv) > 4:
     cells = [(k, int(t), int(m) << 20) for k, t, m in (c.split(":") for c in sys.argv[4].split(","))]
 rows = []
 for rnd in range(rounds):
-    best = 0.0
-    for direct, bs in ((0, 16 << 20), (1, 1 << 20)):
-        evict_all([path])
-        nb, secs = fio_run(path, direct, 4, bs)
-        best = max(best, nb / secs / 2**30)
-    rows.append({"round": rnd, "cell": "device", "gib_s": round(best, 3)})
+    rows.append({"round": rnd, "cell": "device", "gib_s": round(device_gib_s(path, ((0, 16 << 20), (1, 1 << 20))), 3)})
     order = cells[:]
     random.Random(rnd).shuffle(order)
     for kind, threads, piece in order:
         evict_all([path])
-        ru = resource.getrusage(resource.RUSAGE_SELF)
+        cpu = cpu_seconds()
         secs = cell(kind, threads, piece)
-        ru2 = resource.getrusage(resource.RUSAGE_SELF)
         rows.append({"round": rnd, "cell": f"{kind} {threads}x{piece >> 20}M", "seconds": round(secs, 4),
-                     "gib_s": round(size / secs / 2**30, 3),
-                     "cpu_s": round(ru2.ru_utime + ru2.ru_stime - ru.ru_utime - ru.ru_stime, 3)})
+                     "gib_s": round(size / secs / 2**30, 3), "cpu_s": round(cpu_seconds() - cpu, 3)})
     print(json.dumps(rows[-len(cells) - 1:]), flush=True)
 out.mkdir(parents=True, exist_ok=True)
 (out / "raw.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -19,56 +19,28 @@ from __future__ import annotations
 import json
 import os
 import random
-import resource
 import statistics
 import sys
-import threading
 import time
+from functools import partial
 from pathlib import Path
 
-from coldstart.bench.weights import fio_run
-from coldstart.engine.arena import MADV_HUGEPAGE, MADV_POPULATE_READ, _libc, _madvise
+from _ranges import cpu_seconds, device_gib_s, over_threads, pieces
 from coldstart.warm.residency import evict_all, populate_fd, read_into_cache
 
 path, out = Path(sys.argv[1]), Path(sys.argv[2])
 rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 6
 size = path.stat().st_size
-PROT_READ, MAP_SHARED = 1, 1
 
-
-def populate_huge(fd: int, o: int, n: int) -> None:
-    addr = _libc.mmap(None, n, PROT_READ, MAP_SHARED, fd, o)
-    try:
-        _madvise(addr, n, MADV_HUGEPAGE)
-        _madvise(addr, n, MADV_POPULATE_READ)
-    finally:
-        _libc.munmap(addr, n)
-
-
-METHODS = {"sendfile": read_into_cache, "populate": populate_fd, "populate-huge": populate_huge}
+METHODS = {"sendfile": read_into_cache, "populate": populate_fd, "populate-huge": partial(populate_fd, huge=True)}
 
 
 def cell(method: str, threads: int, chunk: int) -> float:
     fd = os.open(path, os.O_RDONLY)
     fn = METHODS[method]
-    ranges = [(o, min(chunk, size - o)) for o in range(0, size, chunk)]
-    lock = threading.Lock()
-
-    def work():
-        while True:
-            with lock:
-                if not ranges:
-                    return
-                o, n = ranges.pop(0)
-            fn(fd, o, n)
-
     try:
         t = time.perf_counter()
-        ths = [threading.Thread(target=work) for _ in range(threads)]
-        for th in ths:
-            th.start()
-        for th in ths:
-            th.join()
+        over_threads(threads, pieces(size, chunk), lambda o, n: fn(fd, o, n))
         return time.perf_counter() - t
     finally:
         os.close(fd)
@@ -79,22 +51,15 @@ if len(sys.argv) > 4:
     cells = [(m, int(t), int(c) << 20) for m, t, c in (x.split(":") for x in sys.argv[4].split(","))]
 rows = []
 for rnd in range(rounds):
-    best = 0.0
-    for direct, bs in ((0, 1 << 20), (1, 1 << 20)):
-        evict_all([path])
-        nb, secs = fio_run(path, direct, 4, bs)
-        best = max(best, nb / secs / 2**30)
-    rows.append({"round": rnd, "cell": "device", "gib_s": round(best, 3)})
+    rows.append({"round": rnd, "cell": "device", "gib_s": round(device_gib_s(path, ((0, 1 << 20), (1, 1 << 20))), 3)})
     order = cells[:]
     random.Random(rnd).shuffle(order)
     for method, threads, chunk in order:
         evict_all([path])
-        ru = resource.getrusage(resource.RUSAGE_SELF)
+        cpu = cpu_seconds()
         secs = cell(method, threads, chunk)
-        ru2 = resource.getrusage(resource.RUSAGE_SELF)
         rows.append({"round": rnd, "cell": f"{method} {threads}x{chunk >> 20}M", "seconds": round(secs, 4),
-                     "gib_s": round(size / secs / 2**30, 3),
-                     "cpu_s": round(ru2.ru_utime + ru2.ru_stime - ru.ru_utime - ru.ru_stime, 3)})
+                     "gib_s": round(size / secs / 2**30, 3), "cpu_s": round(cpu_seconds() - cpu, 3)})
     print(json.dumps(rows[-len(cells) - 1:]), flush=True)
 out.mkdir(parents=True, exist_ok=True)
 (out / "raw.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

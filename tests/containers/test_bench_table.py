@@ -18,10 +18,24 @@ def test_table_gives_medians_restored_counts_speed_up_and_the_warming_bound():
     t = render(rows, "Host: test", "coldstart bench container")
     assert "| tiny | warm | 65.00 (2) | 2.00 (2) | - | 1/2 | **32.5x** |" in t
     assert "| tiny | cold | - (0) | 4.00 (1) | 3.30 (1) | 2/2 | - |" in t
-    # bound = max(warm restore 2.0 s, 3 GiB / 1 GiB/s = 3.0 s) = 3.0 s; 3.3 / 3.0 = 1.10x
-    assert "| tiny | cold | 1.00 | 3.00 | 3.00 | 2.00 | 3.00 | 3.30 | **1.10x** | 4.00 |" in t
+    # bound = max(warm restore 2.0 s, 3 GiB / 1 GiB/s = 3.0 s) = 3.0 s; 3.3 / 3.0 = 1.10x; "*": the run's probe
+    assert "| tiny | cold | 1.00* | 3.00 | 3.00 | 2.00 | 3.00 | 3.30 | **1.10x** | 4.00 |" in t
     assert "- tiny naive cold rep 0: RuntimeError: boom" in t
     assert "- tiny restore warm rep 3: x" in t
+
+
+def test_the_warming_bound_takes_the_disk_probed_around_the_cold_starts_over_the_runs_one_probe():
+    """The run's one probe fell in a slow minute (0.5 GiB/s); the probes around the cold starts say
+    the disk read 1.5 and 2.5 GiB/s (means 1.5 and 2.5 -> median 2.0)."""
+    rows = [{"size": "tiny", "method": "disk", "bw_bytes_s": 2**29, "gib_s": 0.5},
+            {"size": "tiny", "method": "restore", "cache": "warm", "rep": 0, "first_token_s": 1.0, "restored": True},
+            {"size": "tiny", "method": "restore", "cache": "cold", "rep": 0, "first_token_s": 3.0, "restored": True,
+             "disk_read_bytes": 4 * 2**30, "disk_probe_bytes_s": [2**30, 2 * 2**30]},
+            {"size": "tiny", "method": "restore+hostwarm", "cache": "cold", "rep": 0, "first_token_s": 2.4,
+             "restored": True, "disk_read_bytes": 2 * 2**30, "disk_probe_bytes_s": [2 * 2**30, 3 * 2**30]}]
+    t = render(rows, "Host: test", "coldstart bench container")
+    # bound = max(1.0, 4 GiB / 2 GiB/s = 2.0 s) = 2.0 s; 2.4 / 2.0 = 1.20x (on the run's probe it would be 0.30x)
+    assert "| tiny | cold | 2.00 | 4.00 | 2.00 | 1.00 | 2.00 | 2.40 | **1.20x** | 3.00 |" in t
 
 
 def test_a_second_layout_of_a_model_shares_its_naive_starts():

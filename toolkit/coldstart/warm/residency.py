@@ -34,6 +34,7 @@ _libc.madvise.restype = ctypes.c_int
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _MAP_FAILED = ctypes.c_void_p(-1).value
 MADV_POPULATE_READ = 22  # Linux 5.14+: fault the range in (read), no copy to user space
+MADV_HUGEPAGE = 14
 
 
 _SINK: int | None = None  # /dev/null, opened once, shared by every thread
@@ -92,11 +93,13 @@ def read_into_cache(fd: int, offset: int, length: int, cancelled=lambda: False,
     return got
 
 
-def populate_fd(fd: int, offset: int, length: int) -> None:
+def populate_fd(fd: int, offset: int, length: int, *, huge: bool = False) -> None:
     """Bring ``length`` bytes at page-aligned ``offset`` of an open file into the page cache and
     return when they are there: MADV_POPULATE_READ on a transient read-only shared mapping. Like a
     pread it waits for the data (so in-flight bytes stay bounded), unlike one it copies nothing.
-    ctypes releases the GIL for the call, so several threads populate in parallel."""
+    ctypes releases the GIL for the call, so several threads populate in parallel. ``huge``: the
+    mapping is madvised MADV_HUGEPAGE first, so that a cold read fills 2 MiB page-cache folios, as
+    the engine's map reload does (a kernel without THP refuses the advice: 4 KiB folios then)."""
     if length <= 0:
         return
     addr = _libc.mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd, offset)
@@ -104,6 +107,8 @@ def populate_fd(fd: int, offset: int, length: int) -> None:
         err = ctypes.get_errno()
         raise OSError(err, f"mmap for populate: {os.strerror(err)}")
     try:
+        if huge:
+            _libc.madvise(addr, length, MADV_HUGEPAGE)  # advice only: EINVAL without THP is fine
         if _libc.madvise(addr, length, MADV_POPULATE_READ) != 0:
             err = ctypes.get_errno()
             raise OSError(err, f"madvise(MADV_POPULATE_READ): {os.strerror(err)}")

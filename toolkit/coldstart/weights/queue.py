@@ -100,7 +100,8 @@ def udev_rule(q: Path, kb: int) -> str:
 
 def populate_cold(path: Path, span: int) -> float:
     """Seconds to bring the first ``span`` bytes of ``path`` in from the device, evicted first, by
-    MADV_POPULATE_READ in THREADS threads of PIECE pieces (the engine's map reload)."""
+    MADV_POPULATE_READ in THREADS threads of PIECE pieces, into 2 MiB page-cache folios (the
+    engine's map reload: WeightArena.map_file)."""
     from coldstart.warm.residency import evict, populate_fd, range_resident
 
     evict(path)
@@ -113,7 +114,7 @@ def populate_cold(path: Path, span: int) -> float:
         t0 = time.perf_counter()
         try:
             with ThreadPoolExecutor(THREADS) as ex:  # each thread takes the next piece in file order
-                list(ex.map(lambda p: populate_fd(fd, *p), pieces))
+                list(ex.map(lambda p: populate_fd(fd, *p, huge=True), pieces))
         except OSError as e:
             raise ColdstartError(f"{path}: reading for the probe failed: {e}") from None
         secs = time.perf_counter() - t0
