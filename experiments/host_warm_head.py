@@ -6,6 +6,9 @@ token follows the last of the packed weights. ``head`` (containers.run.HostWarm)
 that reads the hot child's page file (the packed weights, 1.27 GB for bench) whole from the create
 call, in the idle I/O class, before the plan exists.
 
+Runs against the toolkit of 07ba8ca only (`git checkout 07ba8ca -- toolkit`: HostWarm's ``head``,
+removed after: no gain, results/spot-checks/host-warm-head/README.md).
+
 Whole page cache dropped before each start, restore + host warming, the two variants interleaved
 (order turned around every repetition), in a pod's network namespace (what kubelet runs).
 

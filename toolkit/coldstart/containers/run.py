@@ -491,8 +491,7 @@ class HostWarm:
     def __init__(self, snapshot: Path, layers: list[Path] | None = None, *, after_start: bool = False,
                  threads: int | None = HOST_SHAPE[0], chunk: int | None = HOST_SHAPE[1], method: str | None = None,
                  io_class: str | None = None, criu_runs: bool = False,
-                 early: bool = True, early_criu: bool = False, bulk: str = "profile", wait_early: bool = False,
-                 head: str | bool = False):
+                 early: bool = True, early_criu: bool = False, bulk: str = "profile", wait_early: bool = False):
         self.ahead = None
         remap = None
         if layers:
@@ -524,44 +523,6 @@ class HostWarm:
         self._t = threading.Thread(target=self._run, args=(Path(snapshot), remap), name="coldstart-host-warm",
                                    daemon=True)
         self._t.start()
-        self.head: dict | None = None
-        self._head_t = None
-        self._head = head
-        if head:
-            self._head_t = threading.Thread(target=self._read_head, args=(Path(snapshot),),
-                                            name="coldstart-host-warm-head", daemon=True)
-            self._head_t.start()
-
-    def _read_head(self, snapshot: Path) -> None:
-        """``head``: from the create call, before the bulk reader's plan exists, read the snapshot's
-        largest page file (the hot layout's child: the packed weights) whole, in file order, in the
-        idle I/O class, so that the disk is busy while the plan is made."""
-        from coldstart.warm.base import background_io
-
-        t0 = time.monotonic()
-        n = 0
-        try:
-            background_io("idle")
-            pages = max((snapshot / "criu").glob("pages-*.img"), key=lambda p: p.stat().st_size, default=None)
-            if pages is not None:
-                fd = os.open(pages, os.O_RDONLY | os.O_CLOEXEC)
-                pipe = None
-                if self._head == "exact":  # one 1 MiB request at a time, no readahead past it
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-                    pipe = exact_pipe()
-                try:
-                    size = os.fstat(fd).st_size
-                    for off in range(0, size, 2 << 20):
-                        if self._cancelled:
-                            break
-                        n += read_into_cache(fd, off, min(2 << 20, size - off), pipe=pipe)
-                finally:
-                    for x in (fd, *(pipe or ())):
-                        os.close(x)
-        except OSError:
-            pass  # a hint
-        finally:
-            self.head = {"bytes": n, "seconds": round(time.monotonic() - t0, 3)}
 
     def _open_gate(self) -> None:
         waits = (self._started, self._early_done if self._wait_early else None)
@@ -627,9 +588,8 @@ class HostWarm:
 
     def wait(self, timeout: float | None = None) -> WarmStats | None:
         self._t.join(timeout)
-        for t in (self._early_t, self._head_t):
-            if t is not None:
-                t.join(timeout)
+        if self._early_t is not None:
+            self._early_t.join(timeout)
         return self.stats
 
     def cancel(self) -> None:
