@@ -6,8 +6,10 @@ token follows the last of the packed weights. ``head`` (containers.run.HostWarm)
 that reads the hot child's page file (the packed weights, 1.27 GB for bench) whole from the create
 call, in the idle I/O class, before the plan exists.
 
-Runs against the toolkit of 07ba8ca only (`git checkout 07ba8ca -- toolkit`: HostWarm's ``head``,
-removed after: no gain, results/spot-checks/host-warm-head/README.md).
+The first runs used the toolkit of 07ba8ca (`git checkout 07ba8ca -- toolkit`: ``--head ahead`` or
+``exact``); since then HostWarm's ``head`` is "auto" by default (on only where the node holds the
+image's files) and ``--head off`` / ``on`` compare the default against it
+(results/spot-checks/host-warm-head/README.md).
 
 Whole page cache dropped before each start, restore + host warming, the two variants interleaved
 (order turned around every repetition), in a pod's network namespace (what kubelet runs).
@@ -22,6 +24,7 @@ import json
 from pathlib import Path
 
 from coldstart.bench.containers import bench_case, new_to_node, one_start, pod_if
+from coldstart.bench.host import memory_kept
 from coldstart.warm.residency import drop_caches
 from coldstart.warm.snapshot import node_profile
 
@@ -31,11 +34,12 @@ def main() -> None:
     ap.add_argument("--sizes", default="bench")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--work", type=Path, default=Path("/var/tmp/coldstart-bench-container"))
-    ap.add_argument("--head", default="ahead", help="ahead (sendfile, the kernel's readahead) or exact (1 MiB at a time)")
+    ap.add_argument("--head", default="on", help="HostWarm's head against its default: on | off | auto; at 07ba8ca "
+                    "ahead (sendfile, the kernel's readahead) or exact (1 MiB at a time)")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    with a.out.open("a") as f:
+    with a.out.open("a") as f, memory_kept():  # (as bench container --keep-memory)
         for size in a.sizes.split(","):
             case = bench_case(size, a.work)
             prof = node_profile(case.snap)
@@ -47,7 +51,7 @@ def main() -> None:
                     with pod_if(case.client, case.image, True) as pod:
                         drop_caches()
                         row = one_start(case.client, case.image, "restore+hostwarm", case.model, case.snap,
-                                        case.layers, host_warm={"head": a.head if variant == "head" else False}, pod=pod)
+                                        case.layers, host_warm={"head": a.head} if variant == "head" else None, pod=pod)
                     row = {"size": size, "rep": rep, "variant": variant if variant == "default" else f"head-{a.head}", "image": case.image, **row}
                     f.write(json.dumps(row) + "\n")
                     f.flush()

@@ -221,6 +221,59 @@ def test_the_early_files_of_a_hot_layout_include_the_parents_pagemaps(tmp_path):
     assert not any(f.name.startswith("pages-") for f in files)
 
 
+def test_the_host_reads_the_hot_childs_pages_at_once_only_on_a_node_that_holds_the_image(tmp_path, monkeypatch):
+    """HostWarm's head reader: with the image's criu in the page cache (a node that runs containers)
+    it reads the hot layout's largest page file whole from the create call; with it evicted (a cold
+    node, where those reads would hold back docker's and the entrypoint's own) it reads nothing;
+    "on" reads either way, "off" starts no reader; a small child page file and a dumped layout are
+    left to the bulk reader."""
+    import os
+
+    from coldstart.warm.residency import evict, range_resident
+
+    snap = tmp_path / "snap"
+    (snap / "criu" / "parent").mkdir(parents=True)
+    child, small = snap / "criu" / "pages-3.img", snap / "criu" / "pages-1.img"
+    child.write_bytes(b"\x01" * (24 << 20))
+    small.write_bytes(b"\x02" * (1 << 20))
+    layer = tmp_path / "layer"
+    criu = layer / run.IMAGE_CRIU.lstrip("/")
+    criu.parent.mkdir(parents=True)
+    criu.write_bytes(b"\x7fELF" + b"\x00" * (4 << 20))
+    os.sync()  # written back, so that an eviction drops them
+
+    def head(mode: str) -> dict | None:
+        evict(child)
+        w = run.HostWarm(snap, [layer], early=False, head=mode)
+        w.wait(60)
+        return w.head
+
+    def child_cached() -> bool:
+        fd = os.open(child, os.O_RDONLY)
+        try:
+            return range_resident(fd, 0, child.stat().st_size)
+        finally:
+            os.close(fd)
+
+    criu.read_bytes()
+    assert "under" in head("auto")["skipped"]  # 24 MiB: below HEAD_MIN
+    monkeypatch.setattr(run, "HEAD_MIN", 16 << 20)
+    evict(criu)
+    got = head("auto")
+    assert got["bytes"] == 0 and "not in the page cache" in got["skipped"], got
+    criu.read_bytes()  # the image's files as a restore before left them
+    got = head("auto")
+    assert got["skipped"] is None and got["bytes"] == child.stat().st_size and child_cached(), got
+    evict(criu)
+    assert head("on")["bytes"] == child.stat().st_size
+    assert head("off") is None
+    (snap / "criu" / "parent").rmdir()
+    criu.read_bytes()
+    assert head("auto")["skipped"] == "not a hot layout"
+    with pytest.raises(ValueError, match="head"):
+        run.HostWarm(snap, [layer], early=False, head="maybe")
+
+
 def test_the_host_reads_the_entrypoints_libraries_before_its_modules(tmp_path, monkeypatch):
     """The profile records the entrypoint's modules in import order and its mapped files after them
     (address order); the early reader takes the interpreter's libraries first, then the extension

@@ -123,7 +123,7 @@ def one_start(c, image: str, method: str, model: Path, snap: Path, layers: list[
                 warmer.cancel()  # the probe is over: what is left of the warming is the restore's
             st = warmer.wait()
             row["host_warm"] = {"bytes": getattr(st, "bytes", None), "seconds": getattr(st, "seconds", None),
-                                "error": warmer.error, "early": warmer.early,
+                                "error": warmer.error, "early": warmer.early, "head": warmer.head,
                                 **(warmer.ahead.result() if warmer.ahead is not None else {})}
         ctr.remove(force=True)
     return row
