@@ -171,3 +171,18 @@ def test_a_server_with_dev_mode_gets_the_gate_and_its_own_token(tmp_path):
 def test_the_hold_is_a_finite_number_of_seconds(value, seconds):
     """The one reading of COLDSTART_GATE_HOLD_S: the gate falls back to 30 on None, the checkpoint refuses it."""
     assert gate.parse_hold(value) == seconds
+
+
+def test_a_free_port_is_below_the_ephemeral_range_and_free():
+    """free_port picks below net.ipv4.ip_local_port_range, where no outgoing connection's local end
+    can take the port between the pick and the server's bind."""
+    import socket
+
+    from coldstart.netutil import _ephemeral_low, free_port
+
+    low = _ephemeral_low()
+    for _ in range(20):
+        port = free_port()
+        assert 1024 <= port < low
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))  # still free
