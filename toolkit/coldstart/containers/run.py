@@ -499,6 +499,8 @@ class HostWarm:
                  io_class: str | None = None, criu_runs: bool = False,
                  early: bool = True, early_criu: bool = False, bulk: str = "profile", wait_early: bool = False,
                  head: str = "auto"):
+        if head not in ("auto", "on", "off"):  # before any reader starts
+            raise ValueError(f"head must be auto, on or off, not {head!r}")
         self.ahead = None
         remap = None
         if layers:
@@ -530,8 +532,6 @@ class HostWarm:
         self._t = threading.Thread(target=self._run, args=(Path(snapshot), remap), name="coldstart-host-warm",
                                    daemon=True)
         self._t.start()
-        if head not in ("auto", "on", "off"):
-            raise ValueError(f"head must be auto, on or off, not {head!r}")
         self.head: dict | None = None
         self._head_t = None
         if head != "off":
