@@ -556,12 +556,14 @@ class HostWarm:
         t0 = time.monotonic()
         n, skipped = 0, None
         try:
-            pages = max((snapshot / "criu").glob("pages-*.img"), key=lambda p: p.stat().st_size, default=None)
-            if pages is None or not (snapshot / "criu" / "parent").is_dir():
+            sizes = {p: p.stat().st_size for p in (snapshot / "criu").glob("pages-*.img")}
+            if not sizes or not (snapshot / "criu" / "parent").is_dir():
                 skipped = "not a hot layout"
                 return
+            pages = max(sizes, key=sizes.get)
+            size = sizes[pages]
             if head == "auto":
-                if pages.stat().st_size < HEAD_MIN:
+                if size < HEAD_MIN:
                     skipped = f"a child page file under {HEAD_MIN >> 20} MiB"
                     return
                 probe = remap(Path(IMAGE_CRIU)) if remap is not None else None
@@ -571,7 +573,6 @@ class HostWarm:
             background_io("idle")
             fd = os.open(pages, os.O_RDONLY | os.O_CLOEXEC)
             try:
-                size = os.fstat(fd).st_size
                 for off in range(0, size, HEAD_CHUNK):
                     if self._cancelled:
                         break

@@ -34,7 +34,6 @@ _libc.madvise.restype = ctypes.c_int
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _MAP_FAILED = ctypes.c_void_p(-1).value
 MADV_POPULATE_READ = 22  # Linux 5.14+: fault the range in (read), no copy to user space
-MADV_HUGEPAGE = 14
 
 
 _SINK: int | None = None  # /dev/null, opened once, shared by every thread
@@ -108,7 +107,7 @@ def populate_fd(fd: int, offset: int, length: int, *, huge: bool = False) -> Non
         raise OSError(err, f"mmap for populate: {os.strerror(err)}")
     try:
         if huge:
-            _libc.madvise(addr, length, MADV_HUGEPAGE)  # advice only: EINVAL without THP is fine
+            _libc.madvise(addr, length, mmap.MADV_HUGEPAGE)  # advice only: EINVAL without THP is fine
         if _libc.madvise(addr, length, MADV_POPULATE_READ) != 0:
             err = ctypes.get_errno()
             raise OSError(err, f"madvise(MADV_POPULATE_READ): {os.strerror(err)}")
