@@ -50,3 +50,28 @@ def test_a_busy_port_is_one_line_before_any_container(tmp_path, cmd):
                            capture_output=True, text=True, timeout=120)
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert p.returncode != 0 and len(lines) == 1 and f"port {port} on 127.0.0.1 is busy" in lines[0], p.stderr
+
+
+def test_a_restore_container_that_exits_without_its_summary_line_is_one_line_naming_it(docker_client, app_image,
+                                                                                        tmp_path):
+    """`container restore` follows the entrypoint until its summary line; an entrypoint that dies
+    before printing one is named at once with its reason, not waited for until the deadline."""
+    import time
+
+    from coldstart.containers import run
+    from coldstart.errors import ColdstartError
+
+    snap, model = tmp_path / "snap", tmp_path / "model"
+    snap.mkdir()
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    ctr = run.create_restore(docker_client, app_image.tag, snap, model, free_port(), node=False,
+                             entrypoint=["sh", "-c", "echo 'RuntimeError: the entrypoint broke' >&2; exit 3"])
+    try:
+        run.start(ctr)
+        with pytest.raises(ColdstartError) as e:
+            run.summary(ctr, time.monotonic() + 900)
+        msg = str(e.value)  # the exit named (the deadline's line says "before the deadline")
+        assert ctr.name in msg and "exited" in msg and "RuntimeError: the entrypoint broke" in msg, msg
+    finally:
+        ctr.remove(force=True)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -81,7 +82,8 @@ def checkpoint_command(
                                                "packed GEMM handles kept in the image"),
     host: Optional[str] = typer.Option(None, "--host", help=HOST_HELP),
 ) -> None:
-    """Checkpoint MODEL inside a container of the image; the snapshot lands in OUT on the host. The
+    """Checkpoint MODEL inside a container of the image; the snapshot lands in OUT on the host (or in the
+    docker named volume of OUT=volume:NAME). The
     server runs without capabilities, so the snapshot restores in a least-privilege container. The
     checkpoint's container gets SYS_ADMIN, SYS_CHROOT and SETPCAP (seccomp unconfined, for CRIU's
     dump), and for the hot layout the restore's NET_ADMIN, SYS_TIME and DAC_OVERRIDE too (it
@@ -110,9 +112,6 @@ def _serve_container(ctr, port: int, t0: float, warmer=None, created_s: float | 
     """Follow a started container until its entrypoint's summary line, print it with the host's timings
     (CONTAINER_CREATE and CONTAINER_STARTED among its events). ``lazy``: the snapshot's lazy mount,
     asked for the chunks it has not fetched once the restored server serves (run.fetch_rest)."""
-    import json as _json
-    import time
-
     from coldstart.containers.run import fetch_rest, summary, with_host_events
 
     summ = with_host_events(summary(ctr, time.monotonic() + 900), created_s, started_s)
@@ -123,7 +122,7 @@ def _serve_container(ctr, port: int, t0: float, warmer=None, created_s: float | 
         warmer.wait()
     ctr.reload()
     # "url": where the host reaches the server (the published port); the entrypoint's own is the container's
-    typer.echo(_json.dumps({"container": ctr.id[:12], "status": ctr.status,
+    typer.echo(json.dumps({"container": ctr.id[:12], "status": ctr.status,
                             "seconds_from_create": round(time.monotonic() - t0, 2), **summ,
                             "url": f"http://127.0.0.1:{port}", "container_url": summ.get("url")}))
 
@@ -150,8 +149,6 @@ def restore_command(
     """Start a container that restores SNAPSHOT (entrypoint `coldstart restore`, least privilege, its own
     network with the port published, or a pod's: --pod) and wait for its summary line (restored or
     fallback, and why)."""
-    import time
-
     from coldstart.containers import docker_api, image, run
     from coldstart.errors import ColdstartError
     from coldstart.pipeline.checkpoint import check_listen, hf_model_dir
@@ -249,8 +246,6 @@ def run_cold_command(
     """The naive container start, to compare with: vLLM's own server in the same image, docker's default
     security, the same network as `container restore`; prints the seconds from the create call to the
     first completion."""
-    import time
-
     from coldstart.containers import docker_api, image, run
     from coldstart.pipeline.checkpoint import check_listen, hf_model_dir
 

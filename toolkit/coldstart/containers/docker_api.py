@@ -1,5 +1,7 @@
-"""The one owner of docker's API (docker-py): connecting to the daemon, importing and building images,
-starting containers. Everything else in coldstart asks this module, never docker directly.
+"""docker's API (docker-py) for the containers stage, which alone talks to docker: connecting to the
+daemon, the daemon's facts, networks and volumes, importing and building images. Creating, starting
+and following containers is run.py's, through the client this module makes; nothing outside
+coldstart.containers uses docker.
 
 The daemon is ours (scripts/start-docker: its own data root and socket), found by
 $COLDSTART_DOCKER_HOST, else $DOCKER_HOST, else the socket scripts/start-docker uses by default.
@@ -21,7 +23,10 @@ def docker_host() -> str:
     return os.environ.get("COLDSTART_DOCKER_HOST") or os.environ.get("DOCKER_HOST") or DEFAULT_HOST
 
 
-def client(host: str | None = None, timeout: int = 900):
+CLIENT_TIMEOUT_S = 900  # a call to the daemon (a container's wait, an image import) may take this long
+
+
+def client(host: str | None = None):
     """A docker-py client that has answered a ping; one clear error line otherwise."""
     try:
         import docker
@@ -29,7 +34,7 @@ def client(host: str | None = None, timeout: int = 900):
         raise ColdstartError("docker-py is not installed (pip install docker; scripts/setup does it)") from None
     host = host or docker_host()
     try:
-        c = docker.DockerClient(base_url=host, timeout=timeout)
+        c = docker.DockerClient(base_url=host, timeout=CLIENT_TIMEOUT_S)
         c.ping()
     except Exception as e:  # noqa: BLE001 - docker-py raises several kinds for "no daemon"
         raise ColdstartError(f"dockerd is not reachable at {host} ({type(e).__name__}): "
@@ -37,7 +42,7 @@ def client(host: str | None = None, timeout: int = 900):
     return c
 
 
-@dataclass
+@dataclass(frozen=True)
 class DaemonFacts:
     version: str
     api_version: str
@@ -98,11 +103,12 @@ NETWORK = "coldstart"  # a user-defined bridge: each container its own network n
 _networks_seen: set[tuple[str, str]] = set()  # (daemon, name): known to exist, not asked again
 
 
-def ensure_network(c, name: str = NETWORK) -> str:
+def ensure_network(c) -> str:
     """Our bridge network (created once; dockerd runs without the default bridge). Returns its name.
     Asks the daemon once per daemon and name: it is called inside the timed create of a container."""
     import docker
 
+    name = NETWORK
     key = (str(c.api.base_url), name)
     if key in _networks_seen:
         return name

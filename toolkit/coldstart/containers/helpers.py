@@ -26,9 +26,10 @@ def shared_libraries(binary: str) -> list[str]:
     return [tok for line in r.stdout.splitlines() for tok in line.split() if tok.startswith("/")]
 
 
-def restore_files(tools: tuple[str, ...] = WRAPPER_TOOLS) -> list[str]:
-    """Real paths of the tools, criu ($COLDSTART_CRIU or on PATH) and their libraries, each once, in
+def restore_files() -> list[str]:
+    """Real paths of the tools (WRAPPER_TOOLS), criu ($COLDSTART_CRIU or on PATH) and their libraries, each once, in
     the order a restore first needs them."""
+    tools = WRAPPER_TOOLS
     bins = [shutil.which(t) for t in tools] + [os.environ.get("COLDSTART_CRIU") or shutil.which("criu")]
     missing = [t for t, b in zip((*tools, "criu"), bins) if not b]
     if missing:

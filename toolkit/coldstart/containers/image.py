@@ -5,9 +5,10 @@ coldstart; ENTRYPOINT ``coldstart restore``.
 Two layers, each cached by its inputs:
 * ``coldstart-runtime:<key>``: ``docker import`` of one tar streamed from the debootstrap base (cached
   under $COLDSTART_CACHE/containers), the venv, its Python and criu: no 6 GB build context, no copy
-  on disk. key = (base packages, venv, Python, criu build).
+  on disk. key = (the base's key: suite, mirror, packages, recipe; the venv's path, its Python's
+  prefix, criu's path, size and mtime, the venv's .complete stamp and its stage extras' .req-* stamps).
 * ``coldstart:<key>``: a small ``docker build`` on top with this checkout's ``toolkit/`` (the only
-  part that changes often) and the entrypoint. key = (runtime tag, hash of toolkit/).
+  part that changes often) and the entrypoint. key = (runtime tag, hash of toolkit/, docker/Dockerfile).
 """
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,14 +56,15 @@ def _sha(*parts: str) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
-def base_key(packages: tuple[str, ...] = BASE_PACKAGES) -> str:
-    return _sha(SUITE, MIRROR, " ".join(sorted(packages)), BASE_RECIPE)
+def base_key() -> str:
+    return _sha(SUITE, MIRROR, " ".join(sorted(BASE_PACKAGES)), BASE_RECIPE)
 
 
-def base_rootfs(say: Say = print, packages: tuple[str, ...] = BASE_PACKAGES) -> Path:
-    """The Debian base root filesystem (debootstrap minbase + ``packages``), built once per key in a
+def base_rootfs(say: Say = print) -> Path:
+    """The Debian base root filesystem (debootstrap minbase + BASE_PACKAGES), built once per key in a
     staging dir and renamed into place."""
-    out = cache_dir() / f"base-{base_key(packages)}"
+    packages = BASE_PACKAGES
+    out = cache_dir() / f"base-{base_key()}"
     if (out / ".complete").exists():
         return out
     if not shutil.which("debootstrap"):
@@ -84,7 +88,7 @@ def base_rootfs(say: Say = print, packages: tuple[str, ...] = BASE_PACKAGES) -> 
     return out
 
 
-@dataclass
+@dataclass(frozen=True)
 class RuntimeInputs:
     """Everything the runtime image holds besides the base: paths on this host, kept as they are."""
 
@@ -95,8 +99,6 @@ class RuntimeInputs:
     @classmethod
     def here(cls) -> "RuntimeInputs":
         from coldstart.criu.locate import find_criu
-
-        import sys
 
         venv = Path(sys.prefix).resolve()
         if not (venv / "pyvenv.cfg").exists():
@@ -127,7 +129,7 @@ def _tar_argv(base: Path, inp: RuntimeInputs) -> list[str]:
     return a
 
 
-@dataclass
+@dataclass(frozen=True)
 class ImageInfo:
     tag: str
     id: str
@@ -157,7 +159,8 @@ def runtime_image(c, say: Say = print, inputs: RuntimeInputs | None = None) -> I
         err = tar.stderr.read().decode(errors="replace")
         rc = tar.wait()
     if rc != 0:
-        raise ColdstartError(f"tar of the runtime image's files failed: {err.strip().splitlines()[-1:] or rc}")
+        raise ColdstartError(f"tar of the runtime image's files failed: "
+                             f"{(err.strip().splitlines() or [f'exit {rc}'])[-1]}")
     for old in docker_api.remove_other_tags(c, "coldstart", keep=""):  # built on the old runtime images
         say(f"removed {old}")
     for old in docker_api.remove_other_tags(c, "coldstart-runtime", keep=tag):
@@ -177,14 +180,11 @@ def _tree_hash(root: Path) -> str:
 APP_IMAGES_KEPT = 4  # app images of different trees kept on the machine (app_image)
 
 
-def app_image(c, repo_root: Path, say: Say = print, inputs: RuntimeInputs | None = None) -> ImageInfo:
+def app_image(c, repo_root: Path, say: Say = print) -> ImageInfo:
     """The image users run: the runtime image + this checkout's toolkit/ + ENTRYPOINT coldstart restore."""
-    import sys
-    import tempfile
-
     from coldstart.containers import docker_api
 
-    inp = inputs or RuntimeInputs.here()
+    inp = RuntimeInputs.here()
     rt = runtime_image(c, say, inp)
     toolkit = Path(repo_root) / "toolkit"
     dockerfile = (Path(repo_root) / "docker" / "Dockerfile").read_text()

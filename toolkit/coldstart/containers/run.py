@@ -8,9 +8,11 @@ docs/containers.md):
   made the restore hang;
 - the restore container drops every capability and adds only ``criu.caps.RESTORE_NEEDS``, under
   docker's default seccomp profile;
-- the checkpoint container has the same set plus SETPCAP (setpriv empties the server's bounding set;
-  CRIU's dump needed no SYS_PTRACE: it holds a superset of the server's capabilities), and no seccomp
-  filter (CRIU must suspend the tasks' filters to dump).
+- the checkpoint container of the hot layout (the default; it restores the snapshot once) has the
+  restore's set plus SETPCAP (setpriv empties the server's bounding set; CRIU's dump needed no
+  SYS_PTRACE: it holds a superset of the server's capabilities); the dumped layout's needs only
+  SETPCAP, SYS_ADMIN and SYS_CHROOT (CHECKPOINT_CAPS_DUMPED); either has no seccomp filter (CRIU must
+  suspend the tasks' filters to dump).
 
 Network: every container is on our bridge network (docker_api.NETWORK: its own network namespace,
 like a pod) with the server's port published on the host's loopback. The checkpoint's server
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 import urllib.error
@@ -32,21 +35,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from coldstart.containers import docker_api
+from coldstart.containers.helpers import RESTORE_FILES
 from coldstart.criu import images as _images
 from coldstart.criu.caps import RESTORE_NEEDS
 from coldstart.errors import ColdstartError
-from coldstart.fsutil import data_extents, write_atomic
-# imported here, not in host_warm: host_warm runs inside the timed window that starts at the create call
-# (after a dropped page cache, importing the warmer's modules, numpy among them, took 2.5 s there)
+from coldstart.fsutil import data_extents, sampled_resident_fraction, write_atomic
 from coldstart.pipeline.checkpoint import hf_model_dir
 from coldstart.pipeline.events import EventName
 from coldstart.pipeline.manifest import read_manifest
 from coldstart.pipeline.restore import HOST_WARMS_ENV, ReadAhead, fetch_snapshot_rest, snapshot_prefetch, warm_paths
-from coldstart.state import node_dir
+from coldstart.state import node_dir, state_dir
+# the warmer's modules are imported here, not in HostWarm: it runs inside the timed window that starts at
+# the create call (after a dropped page cache, importing them, numpy among them, took 2.5 s there)
 from coldstart.warm import native as _native
 from coldstart.warm import snapshot as _snapshot
 from coldstart.warm import start_warming
-from coldstart.warm.base import WarmStats, early_ranges
+from coldstart.warm.base import WarmStats, background_io, early_ranges
 from coldstart.warm.profile import load_profile
 from coldstart.warm.residency import exact_pipe, read_into_cache
 
@@ -68,9 +73,10 @@ LAZY_MOUNT = "/var/lib/coldstart-lazy"  # the host's lazy mount's daemon log and
 VOLUME_PREFIX = "volume:"  # a snapshot in a docker named volume: volume:NAME (checkpoint --out, restore)
 VOLUME_SNAPSHOT = "snapshot"  # ... in this directory of the volume (published there by a rename)
 SHM_SIZE = "1g"  # vLLM's shared-memory buffers need more than docker's 64 MiB default
+CHECKPOINT_TIMEOUT_S = 900  # a checkpoint container still running then is stopped and named
 
 
-@dataclass
+@dataclass(frozen=True)
 class CheckpointRun:
     exit_code: int
     logs: str
@@ -82,8 +88,6 @@ class CheckpointRun:
 
 def volume_name(arg: str | Path) -> str | None:
     """NAME for ``volume:NAME`` (a docker named volume), None for anything else (a host path)."""
-    import re
-
     s = str(arg)
     if not s.startswith(VOLUME_PREFIX):
         return None
@@ -95,8 +99,6 @@ def volume_name(arg: str | Path) -> str | None:
 
 def require_volume(c, name: str) -> None:
     """One line where docker has no volume ``name`` (a create call would make it, empty)."""
-    from coldstart.containers import docker_api
-
     if not docker_api.volume_exists(c, name):
         raise ColdstartError(f"docker has no volume {name} (`coldstart container checkpoint MODEL --out "
                              f"{VOLUME_PREFIX}{name}` makes one)")
@@ -104,8 +106,6 @@ def require_volume(c, name: str) -> None:
 
 def volume_snapshot(c, name: str) -> Path | None:
     """Where this host sees the snapshot in volume ``name`` (docker_api.volume_path), or None."""
-    from coldstart.containers import docker_api
-
     held = docker_api.volume_path(c, name)
     return held / VOLUME_SNAPSHOT if held is not None else None
 
@@ -158,7 +158,7 @@ def checkpoint(c, image: str, model: Path, out: Path | str, *, extra: list[str] 
     VOLUME_SNAPSHOT directory), the restore's state tmpfs as in a restore container (``--layout
     hot`` restores the snapshot once); the least capabilities for the layout asked for
     (checkpoint_security)."""
-    from coldstart.containers import docker_api
+    import requests  # (docker-py's own HTTP client; imported with docker, lazily)
 
     model, vol = hf_model_dir(model), volume_name(out)
     if vol:
@@ -175,12 +175,16 @@ def checkpoint(c, image: str, model: Path, out: Path | str, *, extra: list[str] 
            "--listen", "0.0.0.0", "--server-caps", "none", *(extra or [])]
     security = checkpoint_security(extra)
     t0 = time.monotonic()
-    ctr = c.containers.run(image, cmd, entrypoint=["coldstart"], detach=True, shm_size=SHM_SIZE,
-                           network=docker_api.ensure_network(c), tmpfs=STATE_TMPFS,
-                           volumes={str(model): {"bind": str(model), "mode": "ro"}, **target},
-                           environment={"TMPDIR": "/out"}, runtime=docker_api.oci_runtime(c), **security)
+    ctr = _create(c, image, cmd, entrypoint=["coldstart"], shm_size=SHM_SIZE, network=docker_api.ensure_network(c),
+                  tmpfs=STATE_TMPFS, volumes={str(model): {"bind": str(model), "mode": "ro"}, **target},
+                  environment={"TMPDIR": "/out"}, runtime=docker_api.oci_runtime(c), **security)
+    start(ctr)
     try:
-        res = ctr.wait(timeout=900)
+        try:
+            res = ctr.wait(timeout=CHECKPOINT_TIMEOUT_S)
+        except requests.exceptions.RequestException:  # docker-py's wait past its timeout
+            raise ColdstartError(f"checkpoint container {ctr.name} did not finish within {CHECKPOINT_TIMEOUT_S} s: "
+                                 f"{_last_log_line(ctr)}") from None
         logs = ctr.logs(stdout=True, stderr=True).decode(errors="replace")
     finally:
         ctr.remove(force=True)
@@ -207,8 +211,6 @@ def create_restore(c, image: str, snapshot: Path | str, model: Path, host_port: 
     ``pod``: a running ``create_pod`` container whose network namespace this one joins (``host_port``
     is then the pod's, published when the pod was made).
     Creating and starting are separate so that the caller can time each (and warm in between)."""
-    from coldstart.containers import docker_api
-
     vol, model = volume_name(snapshot), hf_model_dir(model)
     if vol:
         require_volume(c, vol)
@@ -244,8 +246,6 @@ def create_restore(c, image: str, snapshot: Path | str, model: Path, host_port: 
 
 def _network(c, host_port: int, pod) -> dict[str, Any]:
     """A container's own network namespace on our bridge with its port published, or ``pod``'s."""
-    from coldstart.containers import docker_api
-
     if pod is not None:
         return {"network_mode": f"container:{pod.id}"}
     return {"network": docker_api.ensure_network(c), "ports": {f"{CONTAINER_PORT}/tcp": ("127.0.0.1", host_port)}}
@@ -257,8 +257,6 @@ def create_pod(c, image: str, host_port: int, *, name: str | None = None):
     creates the pod's containers. A container that joins it (``create_restore(pod=...)``) has no
     network set up at its start: docker neither makes its veth nor runs its own binary as the
     network's prestart hook (docs/containers.md, "Pod-shaped containers")."""
-    from coldstart.containers import docker_api
-
     ctr = _create(c, image, ["infinity"], entrypoint=["sleep"], name=name, cap_drop=["ALL"],
                   runtime=docker_api.oci_runtime(c), **_network(c, host_port, None))
     try:
@@ -342,8 +340,6 @@ def first_completion(port: int, model: str, deadline: float, ctr) -> float:
 def _last_log_line(ctr) -> str:
     """A failed server's reason from its container's log: the last exception line (with the indented
     line after it, where pydantic puts the detail), else the last line."""
-    import re
-
     lines = [ln for ln in ctr.logs().decode(errors="replace").splitlines() if ln.strip()]
     if not lines:
         return "its log is empty"
@@ -357,14 +353,27 @@ def _last_log_line(ctr) -> str:
 
 
 def summary(ctr, deadline: float) -> dict:
-    """The entrypoint's one-line JSON summary ({"url", "restored", "fallback_reason", ...})."""
-    while time.monotonic() < deadline:
-        logs = ctr.logs().decode(errors="replace")
-        line = next((ln for ln in logs.splitlines() if ln.startswith('{"url"')), None)
+    """The entrypoint's one-line JSON summary ({"url", "restored", "fallback_reason", ...}). A container
+    that exits without printing it, or none by ``deadline``, is one line (with the last line of its log)."""
+    while True:
+        line = _summary_line(ctr)
         if line:
             return json.loads(line)
+        ctr.reload()
+        if ctr.status not in ("created", "running"):
+            line = _summary_line(ctr)  # printed right before it exited
+            if line:
+                return json.loads(line)
+            raise ColdstartError(f"container {ctr.name} {ctr.status} without its summary line: "
+                                 f"{_last_log_line(ctr)} (docker logs {ctr.name})")
+        if time.monotonic() >= deadline:
+            raise ColdstartError(f"container {ctr.name}: no summary line before the deadline: "
+                                 f"{_last_log_line(ctr)} (docker logs {ctr.name})")
         time.sleep(0.1)
-    return {}
+
+
+def _summary_line(ctr) -> str | None:
+    return next((ln for ln in ctr.logs().decode(errors="replace").splitlines() if ln.startswith('{"url"')), None)
 
 
 def start_restore(c, image: str, snapshot: Path, model: Path, host_port: int, **kw):
@@ -406,7 +415,6 @@ def gc_container_mounts(c) -> list[Path]:
     import docker
 
     from coldstart.registry.mount import unmount_left
-    from coldstart.state import state_dir
 
     gone = []
     for owner in sorted((state_dir() / "mounts").glob("*.container")):
@@ -463,9 +471,8 @@ class HostWarm:
     bench model's first token 0.05 s sooner than holding them back (8 of 10 pairs; tiny: no
     difference; results/spot-checks/host-warm-gates, run 4) and did not delay the entrypoint's
     start. ``after_start`` holds them until docker's start call has returned (the caller says so
-    with ``container_started()``) and ``wait_early`` until the early reader is done; both were the
-    default while the bulk reads ran 8 readers x 8 MiB in the normal class, which delayed the
-    entrypoint's first restore call by 1.4 s (results/spot-checks/host-warm-shape).
+    with ``container_started()``) and ``wait_early`` until the early reader is done (off by default;
+    to compare: results/spot-checks/host-warm-shape, host-warm-gates).
 
     ``early``: from the create call, one reader takes first, whole, the few tens of MB that the
     entrypoint reads one small read at a time before CRIU runs (early_files: the entrypoint's own
@@ -499,14 +506,12 @@ class HostWarm:
                  io_class: str | None = None, criu_runs: bool = False,
                  early: bool = True, early_criu: bool = False, bulk: str = "profile", wait_early: bool = False,
                  head: str = "auto"):
-        if head not in ("auto", "on", "off"):  # before any reader starts
+        if head not in ("auto", "on", "off"):  # both before any reader starts
             raise ValueError(f"head must be auto, on or off, not {head!r}")
+        if bulk not in ("profile", "weights"):
+            raise ValueError(f"bulk must be profile or weights, not {bulk!r}")
         self.ahead = None
-        remap = None
-        if layers:
-            from coldstart.containers.docker_api import layer_remap
-
-            remap = layer_remap(layers)
+        remap = docker_api.layer_remap(layers) if layers else None
         if criu_runs:
             self.ahead = ReadAhead(Path(snapshot) / "criu", remap)
         self.warmer = None
@@ -522,8 +527,6 @@ class HostWarm:
         self._cancelled = False
         self._early_t = None
         self._early_criu = early_criu
-        if bulk not in ("profile", "weights"):
-            raise ValueError(f"bulk must be profile or weights, not {bulk!r}")
         self._bulk = bulk
         if early:
             self._early_t = threading.Thread(target=self._read_early, args=(Path(snapshot), remap),
@@ -550,9 +553,6 @@ class HostWarm:
         entrypoint's and CRIU's cold reads back (the virtual disk serves requests in arrival order,
         whatever their I/O class) and the first token came no sooner
         (results/spot-checks/host-warm-head)."""
-        from coldstart.fsutil import sampled_resident_fraction
-        from coldstart.warm.base import background_io
-
         t0 = time.monotonic()
         n, skipped = 0, None
         try:
@@ -670,8 +670,6 @@ def early_files(snapshot: Path, remap=None) -> list[Path]:
     too), the shm and link-remap copies, the run dir's
     files the server holds open (not the rest of run/: the checkpoint's compile cache, 150 MB for the
     bench model, is not read before the first token)."""
-    from coldstart.containers.helpers import RESTORE_FILES
-
     out: list[Path] = []
     prof = _snapshot.node_profile(snapshot)
     if remap is not None and prof is not None and prof.exists():
@@ -789,8 +787,6 @@ def create_naive(c, image: str, model: Path, host_port: int, kv_cache_bytes: int
     security, the model mounted read-only, the same network and port publishing as a restore.
     ``extra``: more vLLM arguments (e.g. ``--enforce-eager``, the flag our servers run with); ``pod``:
     as for ``create_restore``."""
-    from coldstart.containers import docker_api
-
     model = hf_model_dir(model)
     return _create(c, image, ["-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                               "--host", "0.0.0.0", "--port", str(CONTAINER_PORT), "--seed", "0",
