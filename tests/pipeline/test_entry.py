@@ -33,6 +33,21 @@ def test_console_script_and_typer_cli_both_reach_the_entrypoint(tmp_path):
     assert bad.returncode == 2 and "invalid choice: 'sometimes'" in bad.stderr
 
 
+def test_a_bad_setting_from_the_environment_is_refused_like_one_on_the_command_line(tmp_path):
+    """A container's settings come from its environment (the image's ENV, a pod spec): argparse checks
+    choices only for values typed on the command line, so the entrypoint checks the others, before
+    any restore (a bad COLDSTART_VERIFY used to reach the restore and cold-boot silently)."""
+    for var, value, says in (("COLDSTART_VERIFY", "sometimes", "COLDSTART_VERIFY='sometimes': not one of auto, full, off"),
+                             ("COLDSTART_RESTORE_NET", "bridge", "COLDSTART_RESTORE_NET='bridge': not one of auto, host, private"),
+                             ("COLDSTART_PORT", "abc", "argument --port: invalid int value: 'abc'")):
+        p = subprocess.run([COLDSTART, "restore", str(tmp_path / "missing")], capture_output=True, text=True,
+                           timeout=120, env={**os.environ, var: value})
+        assert p.returncode == 2 and p.stderr.strip().splitlines()[-1].endswith(says), p.stderr
+    h = subprocess.run([COLDSTART, "restore", "--help"], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "COLDSTART_PORT": "abc"})
+    assert h.returncode == 0 and "COLDSTART_PORT" in h.stdout  # --help still answers
+
+
 def test_clock_started_by_the_entrypoint_itself_puts_its_exec_at_zero(monkeypatch):
     """No COLDSTART_T0 from outside: the entrypoint sets it to its own exec time, and ENTRYPOINT_START
     must then be exactly 0 (two readings of the exec time differed by a microsecond)."""

@@ -6,8 +6,11 @@ Naive: the runtime image running vLLM's OpenAI server as a user would (docker's 
 container, mounted read-only, least privilege (run.RESTORE_SECURITY). Restore + host warming: the
 same, with the host warming the snapshot from the create call on, overlapped with container create
 and start. Each container is on our bridge network with its port published, or (``--network pod``)
-joins a pod's network namespace made before the clock. Cold cells drop the page cache first (the
-snapshot, the image's files, the model); the methods' order turns every repetition.
+joins a pod's network namespace made before the clock. Page-cache states (run_bench): warm (after
+one unmeasured start), cold (the whole page cache dropped: the snapshot, the image's files, the
+model) and cold-snapshot (only the snapshot evicted, after one unmeasured restore). Also: the entry
+probe (the entrypoint's start alone) and restore+load (the warming's load on a warm restore). The
+methods' order turns every repetition.
 """
 from __future__ import annotations
 
@@ -83,7 +86,7 @@ def one_start(c, image: str, method: str, model: Path, snap: Path, layers: list[
             ctr = run.create_naive(c, image, model, port, name=name, pod=pod)
         elif method.startswith("entry"):
             ctr = run.create_restore(c, image, snap, model, port, name=name, entrypoint=["python", "-c", ENTRY_PROBE],
-                                     host_warms=method == "entry+hostwarm", pod=pod)
+                                     env=env, host_warms=method == "entry+hostwarm", pod=pod)
         else:
             ctr = run.create_restore(c, image, snap, model, port, name=name,
                                      env={**(env or {}), "COLDSTART_T0": repr(wall0)},
@@ -190,7 +193,8 @@ def snapshot_in_container(c, image: str, size: str, work: Path, say: Say = print
         say(f"checkpointing {size} ({layout} layout) in a container -> {snap}")
         res = run.checkpoint(c, image, model, snap, extra=["--layout", layout])
         if res.exit_code != 0:
-            raise ColdstartError(f"checkpoint of {size} in a container failed: {res.logs.strip().splitlines()[-1:]}")
+            raise ColdstartError(f"checkpoint of {size} in a container failed: "
+                                 f"{(res.logs.strip().splitlines() or ['its log is empty'])[-1]}")
     require_layout(snap, layout)
     return model, snap
 
@@ -299,7 +303,9 @@ def run_bench(c, image: str, cases: list[tuple[str, Path, Path]], *, reps: int, 
         # the first restore of a snapshot on a node verifies every file and records the access
         # profile (both kept in the node dir for later replicas): not the steady state, kept apart
         new_to_node(snap)
-        rows.append({"size": size, "method": "first-on-node", **one_start(c, image, "restore", model, snap, layers)})
+        with pod_if(c, image, network == "pod") as pod:
+            rows.append({"size": size, "method": "first-on-node",
+                         **one_start(c, image, "restore", model, snap, layers, pod=pod)})
         say(json.dumps(rows[-1]))
     for rep in range(reps):
         for size, model, snap in cases:
@@ -337,8 +343,9 @@ def _cell(c, image: str, size: str, model: Path, snap: Path, layers, method: str
 
     rows: list[dict] = []
     probe0 = None
+    probed = method in ("restore", "restore+hostwarm")  # the rows the warming bound reads (disk_probe_bytes_s)
     if cache == "cold":
-        probe0 = disk_probe(snap)
+        probe0 = disk_probe(snap) if probed else None
         drop_caches()
     elif cache == "cold-snapshot" or method in ("restore", "restore+load"):
         # one unmeasured restore first: the cache a warm restore finds, or (cold-snapshot)
@@ -350,7 +357,9 @@ def _cell(c, image: str, size: str, model: Path, snap: Path, layers, method: str
             probe0 = disk_probe(snap)
             evict_all([snap])
     elif method == "entry":  # warm: the image's files as a restore just left them
-        one_start(c, image, "entry", model, snap, layers, pod=pod)
+        rows.append({"size": size, "method": "prewarm", "cache": cache, "rep": rep, "of": "entry",
+                     **one_start(c, image, "entry", model, snap, layers, pod=pod)})
+        say(json.dumps(rows[-1]))
     if method == "restore+load":
         evict_all([decoy])
     row = {"size": size, "method": method, "cache": cache, "rep": rep, "model": model.name,
@@ -362,6 +371,7 @@ def _cell(c, image: str, size: str, model: Path, snap: Path, layers, method: str
     return rows
 
 
+LAYOUTS = ("hot", "dumped")  # `coldstart checkpoint --layout`: what snapshot_in_container can make
 CACHES = ("warm", "cold", "cold-snapshot")  # run_bench's page-cache states
 COLD_CACHES = CACHES[1:]  # those that start with something to read
 METHODS = ("naive", "restore", "restore+hostwarm", "restore+load", "entry", "entry+hostwarm")
@@ -382,7 +392,7 @@ def _per_start_bounds(rows: list[dict], sizes: list[str]) -> list[str]:
     its two probes). Also the whole host's CPU-seconds from the create call to the first token."""
     out = ["", "The same check per cold start, against the disk probed right before and after it (as above, "
            "the mean of the two): medians, with each start's ratio. CPU: the whole host's "
-           "busy CPU-seconds from the create call to the first token (median; 2 cores).", "",
+           "busy CPU-seconds from the create call to the first token (median; the host line names its cores).", "",
            "| model | method | disk around the start (GiB/s) | read (GiB) | bound (s) | first token (s) "
            "| ratio to bound | each start's ratio | CPU-s (warm restore: CPU-s) |", "|---|---|---|---|---|---|---|---|---|"]
     n = 0
@@ -450,9 +460,9 @@ def _entry_floor(rows: list[dict], sizes: list[str]) -> list[str]:
         ew, ec, eh = (_med(sel(m, c), "entry_s") for m, c in (("entry", "warm"), ("entry", "cold"),
                                                                ("entry+hostwarm", "cold")))
         b = _run_bound(rows, size)
-        warm, hw, read_s = b["warm"], b["hw"], b["read_s"] or 0.0
-        if ew is None or ec is None or warm is None or hw is None:
-            continue
+        warm, hw, read_s = b["warm"], b["hw"], b["read_s"]
+        if ew is None or ec is None or warm is None or hw is None or read_s is None:
+            continue  # (no bound without the disk probe and the bytes: as in the table above)
         cost = max(min(x for x in (ec, eh) if x is not None) - ew, 0.0)
         bound, floor = max(warm, read_s), max(warm + cost, read_s)
         n += 1
@@ -532,7 +542,7 @@ def render(rows: list[dict], host: str, command: str) -> str:
           "only the snapshot's files were evicted (docker, the image and the node dir as the restore before "
           "left them).", "",
           "| model | cache | disk bandwidth (GiB/s) | cold restore reads (GiB) | read time (s) | warm restore (s) "
-          "| bound (s) | restore + host warming (s) | ratio to bound | restore alone, cold (s) |",
+          "| bound (s) | restore + host warming (s) | ratio to bound | restore alone, same cache (s) |",
           "|---|---|---|---|---|---|---|---|---|---|"]
     for size, cache in ((s, c) for s in sizes for c in COLD_CACHES):
         b = _run_bound(rows, size, cache)

@@ -300,7 +300,8 @@ def bench_container(
 
     say = lambda m: typer.echo(m, err=True)  # noqa: E731
     split = lambda v: [x.strip() for x in v.split(",") if x.strip()]  # noqa: E731
-    for opt, given, known in (("--caches", caches, cbench.CACHES), ("--methods", methods, cbench.METHODS)):
+    for opt, given, known in (("--caches", caches, cbench.CACHES), ("--methods", methods, cbench.METHODS),
+                              ("--layouts", layouts, cbench.LAYOUTS)):
         bad = [x for x in split(given) if x not in known]
         if bad or not split(given):
             raise typer.BadParameter(f"{', '.join(map(repr, bad)) or 'none given'}: choose from {', '.join(known)}",

@@ -62,7 +62,7 @@ def parser() -> argparse.ArgumentParser:
       help="After the first token, copy weights served from the mapped snapshot file into anonymous memory in "
            "the background (the server then serves as fast as a stock one and no longer reads that file); "
            "--no-settle keeps the mapping.")
-    a("--port", type=int, default=int(os.environ[ENV["port"]]) if os.environ.get(ENV["port"]) else None,
+    a("--port", type=int, default=os.environ.get(ENV["port"]) or None,  # (a string default is parsed by type=)
       help="Host port (private net: the forwarder's; cold boot: vLLM's)." + env("port"))
     a("--listen", default=os.environ.get(ENV["listen"], "127.0.0.1"),
       help="Address the forwarder (private net) or the cold boot listens on: 0.0.0.0 in a container with its "
@@ -95,7 +95,12 @@ def prepare(argv: list[str]) -> argparse.Namespace:
     """The entrypoint's work before ENTRY_READY: the arguments parsed, the clock's start fixed, the
     restore imported. `coldstart bench container`'s entry probe runs only this, so that what it
     measures is what the entrypoint does."""
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    for dest in ("verify", "net"):  # argparse checks choices only on the command line, not on defaults
+        choices = next(act.choices for act in p._actions if act.dest == dest)
+        if getattr(args, dest) not in choices:
+            p.error(f"{ENV[dest]}={getattr(args, dest)!r}: not one of {', '.join(choices)}")
     from coldstart.pipeline.events import PYTHON_T_ENV, exec_wall_time
 
     os.environ.setdefault("COLDSTART_T0", repr(exec_wall_time()))
