@@ -244,6 +244,52 @@ def test_bad_profile_is_ignored_not_fatal(warm_dir, tmp_path):
     assert_fully_resident(good)
 
 
+@pytest.mark.parametrize("broken", [
+    {"ranges": [{"file": None, "offset": 0, "length": 4096, "t": 0.0, "source": "pagemap"}]},
+    {"ranges": [{"file": "criu/pages-1.img", "offset": -4096, "length": 4096, "t": 0.0, "source": "pagemap"}]},
+    {"ranges": [{"file": "criu/pages-1.img", "offset": 0, "length": 0, "t": 0.0, "source": "pagemap"}]},
+    {"files": None},
+    {"files": ["criu/pages-1.img"]},
+], ids=["file-null", "offset-negative", "length-zero", "files-null", "files-list"])
+def test_a_profile_with_fields_of_the_wrong_kind_is_refused_in_one_line_and_ignored(warm_dir, tmp_path, broken):
+    """A profile that parses as JSON but holds a field of the wrong kind is refused like a corrupt one:
+    the readers never see a range that would raise in them or turn splice off for the process."""
+    from coldstart.errors import ColdstartError
+
+    good = warm_dir / "criu" / "pages-1.img"
+    bad = tmp_path / PROFILE_NAME
+    bad.write_text(json.dumps({"version": 1, "files": {"criu/pages-1.img": good.stat().st_size},
+                               "ranges": [], **broken}))
+    with pytest.raises(ColdstartError, match="malformed profile"):
+        load_profile(bad)
+    _evict_all([good])
+    stats = start_warming([good], mode="native", profile=bad).wait()
+    assert not stats.profile_used and any("profile ignored" in e for e in stats.errors)
+    assert_fully_resident(good)
+
+
+def test_a_reader_that_dies_is_an_error_in_the_stats(warm_dir):
+    """A reader thread stopped by an exception (here its progress callback's) is reported, not a
+    warm that finished clean."""
+    def progress(done: int, total: int) -> None:
+        raise RuntimeError("the progress display broke")
+
+    f = warm_dir / "criu" / "pages-1.img"
+    stats = make_warmer([f], mode="native", progress=progress).start().wait(60)
+    assert any("stopped: RuntimeError: the progress display broke" in e for e in stats.errors), stats.errors
+
+
+@pytest.mark.parametrize("args, says", [(["--chunk-mib", "0"], "--chunk-mib 0: must be at least 1"),
+                                        (["--threads", "0"], "--threads 0: must be at least 1"),
+                                        (["--method", "bogus"], "--method 'bogus': choose one of"),
+                                        (["--mode", "xyz"], "--mode 'xyz': choose native or vmtouch")])
+def test_cli_warm_refuses_a_bad_shape_in_one_line(warm_dir, args, says):
+    cs = Path(sys.executable).parent / "coldstart"
+    p = subprocess.run([str(cs), "warm", str(warm_dir / "criu"), *args], capture_output=True, text=True, timeout=120)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 1 and len(lines) == 1 and says in lines[0], p.stderr
+
+
 def _read(path: Path, off: int, n: int) -> None:
     with open(path, "rb") as f:
         os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_RANDOM)  # no readahead: exact ranges

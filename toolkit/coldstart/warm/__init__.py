@@ -136,6 +136,8 @@ def start_warming(paths: list[Path] | list[str], *, mode: str | None = None, pro
     if mode == "native" and shape and threads is None and "chunk" not in kw:
         try:
             r, c = shape.lower().split("x")
+            if int(r) < 1 or int(c) < 1:
+                raise ValueError(shape)
             threads, kw["chunk"] = int(r), int(c) << 20
         except ValueError:
             logging.getLogger("coldstart.warm").warning("warm: COLDSTART_WARM_SHAPE=%r is not READERSxMIB", shape)

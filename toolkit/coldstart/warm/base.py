@@ -100,6 +100,8 @@ def file_rank(p: Path) -> tuple[int, str]:
 
 
 def _split(path: Path, offset: int, length: int, chunk: int) -> list[Range]:
+    if chunk < 1:  # (a loop that never ends: the callers check the shape they are given)
+        raise ValueError(f"chunk must be at least 1 byte, not {chunk}")
     out = []
     end = offset + length
     while offset < end:

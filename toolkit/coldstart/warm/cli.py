@@ -48,6 +48,15 @@ def run(
     from coldstart.warm import default_profile, make_warmer
     from coldstart.warm.residency import evict, expand_paths, resident_bytes
 
+    from coldstart.warm.native import METHODS
+
+    for opt, value in (("--chunk-mib", chunk_mib), ("--threads", threads)):
+        if value is not None and value < 1:
+            raise ColdstartError(f"{opt} {value}: must be at least 1")
+    if mode not in ("native", "vmtouch"):
+        raise ColdstartError(f"--mode {mode!r}: choose native or vmtouch")
+    if mode == "native" and method not in METHODS:
+        raise ColdstartError(f"--method {method!r}: choose one of {', '.join(METHODS)}")
     files = expand_paths(paths)
     if not files:
         raise ColdstartError("nothing to warm: no files under " + " ".join(map(str, paths)))

@@ -85,7 +85,11 @@ class NativeWarmer(BaseWarmer):
 
         def target() -> None:
             background_io(self.io_class)
-            run()
+            try:
+                run()
+            except Exception as e:  # noqa: BLE001 - a reader that dies is an error in the stats, not a finished warm
+                self._error(Path(f"<{threading.current_thread().name}>"),
+                            f"{threading.current_thread().name} stopped: {type(e).__name__}: {e}")
 
         self._workers = [threading.Thread(target=target, name=f"coldstart-warm-{i}", daemon=True)
                          for i in range(self.threads)]
@@ -123,20 +127,24 @@ class NativeWarmer(BaseWarmer):
     def _take(self) -> Range | None:
         if self._gate is not None and not self._gate.is_set() and not self._await_gate():
             return None
-        if not self._released.is_set():
-            with self._lock:
-                nxt = self._next
-            if nxt >= self.plan.profile_end and not self._may_take(nxt):
+        ranges = self.plan.ranges
+        while True:
+            with self._lock:  # (whether a range of the held-back rest may go: decided with the taking)
+                while self._next < len(ranges) and ranges[self._next].path in self._failed:
+                    self._next += 1
+                if self._next >= len(ranges):
+                    return None
+                idx = self._next
+                rest = idx >= self.plan.profile_end and not self._released.is_set()
+                if not (rest and self._held_back):
+                    self._next += 1
+                    self._issued.append(ranges[idx])
+            if not rest:
+                return ranges[idx]
+            if not self._may_take(idx):  # the rest: held back until release() (or cancel), then low priority
                 return None
-        with self._lock:
-            while self._next < len(self.plan.ranges):
-                r = self.plan.ranges[self._next]
-                self._next += 1
-                if r.path in self._failed:
-                    continue
-                self._issued.append(r)
-                return r
-        return None
+            if not self._held_back:
+                return ranges[idx]
 
     def _run_pread(self) -> None:
         buf = bytearray(self.chunk)

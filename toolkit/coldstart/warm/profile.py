@@ -116,12 +116,22 @@ def load_profile(path: Path) -> Profile:
                              f" is not {PROFILE_VERSION}")
     try:
         ranges = [ProfileRange(**r) for r in raw.get("ranges", [])]
+        bad = next((r for r in ranges if not (isinstance(r.file, str) and r.file and _whole(r.offset) and r.offset >= 0
+                                              and _whole(r.length) and r.length > 0)), None)
+        if bad is not None:  # (resolve and the readers take these as they are)
+            raise ValueError(f"range {bad.file!r} at {bad.offset!r}, length {bad.length!r}")
+        files, meta = raw.get("files", {}), raw.get("meta", {})
+        if not isinstance(files, dict) or not isinstance(meta, dict):
+            raise ValueError("files and meta must be objects")
         return Profile(version=raw["version"], snapshot_id=str(raw.get("snapshot_id", "")),
                        created_at=str(raw.get("created_at", "")),
-                       files={str(k): int(v) for k, v in raw.get("files", {}).items()},
-                       ranges=ranges, meta=dict(raw.get("meta", {})))
+                       files={str(k): int(v) for k, v in files.items()}, ranges=ranges, meta=dict(meta))
     except (TypeError, ValueError, KeyError) as e:
         raise ColdstartError(f"{path}: malformed profile ({e})") from None
+
+
+def _whole(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def _runs(mask: np.ndarray) -> list[tuple[int, int]]:

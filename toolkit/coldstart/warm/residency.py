@@ -37,6 +37,7 @@ MADV_POPULATE_READ = 22  # Linux 5.14+: fault the range in (read), no copy to us
 
 
 _SINK: int | None = None  # /dev/null, opened once, shared by every thread
+_SINK_LOCK = threading.Lock()
 _SPLICE = True  # False once the kernel refused to splice a file to /dev/null
 _F_SETPIPE_SZ = 1031
 EXACT_PIPE = 1 << 20  # the default pipe-max-size: what an unprivileged process may ask for
@@ -66,7 +67,9 @@ def read_into_cache(fd: int, offset: int, length: int, cancelled=lambda: False,
     ``cancelled`` is asked between pieces of at most 8 MiB."""
     global _SINK, _SPLICE
     if _SINK is None:
-        _SINK = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+        with _SINK_LOCK:  # the first readers arrive together: one descriptor, not one each
+            if _SINK is None:
+                _SINK = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
     got = 0
     while got < length and not cancelled():
         want = min(length - got, 8 << 20)
@@ -203,8 +206,9 @@ def residency_vector(path: Path | str, offset: int = 0, length: int | None = Non
 
 
 def resident_bytes(path: Path | str) -> tuple[int, int]:
-    """(bytes of ``path`` in the page cache, file size). The last partial page counts its real size."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    """(bytes of ``path`` in the page cache, file size). The last partial page counts its real size.
+    (O_NONBLOCK: a FIFO given by mistake must not block the open; it has no pages.)"""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     try:
         size = os.fstat(fd).st_size
         if size == 0:
@@ -226,7 +230,7 @@ def range_resident(fd: int, offset: int, length: int) -> bool:
 
 def evict(path: Path | str) -> None:
     """Drop a file's pages from the page cache (fsync first: dirty pages cannot be dropped)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # (as in resident_bytes)
     try:
         try:
             os.fsync(fd)
