@@ -290,6 +290,30 @@ def test_cli_warm_refuses_a_bad_shape_in_one_line(warm_dir, args, says):
     assert p.returncode == 1 and len(lines) == 1 and says in lines[0], p.stderr
 
 
+def test_a_plan_of_more_files_than_the_soft_limit_on_open_files_is_all_warmed(tmp_path):
+    """The native warmer holds every planned file open: a process started with a low soft limit (a
+    node's shell: often 1024, against ~1000 files in a host warmer's plan) raises it as far as the
+    hard limit allows instead of skipping files with EMFILE."""
+    import resource
+
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 2048:
+        pytest.skip("the hard limit on open files is too low to show it")
+    files = []
+    for i in range(300):
+        f = tmp_path / f"f{i:03d}"
+        f.write_bytes(os.urandom(8192))
+        files.append(str(f))
+    code = ("import json, resource, sys\n"
+            "resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))\n"
+            "from coldstart.warm import make_warmer\n"
+            "st = make_warmer(sys.argv[1:], mode='native', threads=2, chunk=1 << 20).start().wait(60)\n"
+            "print(json.dumps({'errors': st.errors, 'bytes': st.bytes, 'finished': st.finished}))\n")
+    p = subprocess.run([sys.executable, "-c", code, *files], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out == {"errors": [], "bytes": 300 * 8192, "finished": True}, out
+
+
 def _read(path: Path, off: int, n: int) -> None:
     with open(path, "rb") as f:
         os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_RANDOM)  # no readahead: exact ranges

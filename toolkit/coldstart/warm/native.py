@@ -42,6 +42,24 @@ METHODS = ("sendfile", "pread", "willneed", "populate")
 DEFAULT_METHOD = "sendfile"
 
 
+def _room_for(descriptors: int) -> None:
+    """Raise this process's soft limit on open files towards its hard limit when the warmer will hold
+    ``descriptors`` more than it leaves room for: a host warmer's plan names ~1000 image files, and a
+    node's shell often starts programs with a soft limit of 1024 (systemd's default, which it asks
+    programs that need more to raise themselves). Past the hard limit, opens fail and the files are
+    named in the errors."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = descriptors + 256  # what the process holds besides
+    if soft != resource.RLIM_INFINITY and soft < want:
+        new = want if hard == resource.RLIM_INFINITY else min(hard, want)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, new), hard))
+        except (ValueError, OSError):
+            pass  # left as it is: the opens that fail are named in the errors
+
+
 class NativeWarmer(BaseWarmer):
     mode = "native"
 
@@ -72,6 +90,7 @@ class NativeWarmer(BaseWarmer):
     # -- lifecycle
     def start(self) -> "NativeWarmer":
         self._t0 = time.monotonic()
+        _room_for(2 * len(self.plan.files))  # every file open, and a second descriptor for short ranges
         for p in self.plan.files:
             try:
                 self._fds[p] = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
