@@ -158,6 +158,26 @@ def test_version_1_indexes_read_as_uncompressed_and_bad_codecs_are_refused():
             artifact.Index.from_dict(d)
 
 
+def test_an_index_that_would_write_outside_the_pulled_tree_is_refused():
+    """The index comes from the registry: a pull writes every entry under its staging dir, so a path
+    that leaves it (absolute, "..", under one of the tree's own symlinks) or a chunk or pack index
+    past its list is refused before anything is written."""
+    ok = {"chunk_size": 4, "version": 2, "entries": [{"path": "f", "type": "file", "mode": 420, "size": 4,
+                                                      "chunks": [0]}],
+          "chunks": [{"digest": "blake3:" + "0" * 64, "size": 4, "stored": 4, "codec": "", "pack": 0, "offset": 0}],
+          "packs": [{"digest": "sha256:" + "0" * 64, "size": 4, "chunks": [0, 1]}]}
+    artifact.Index.from_dict(ok)
+    f = ok["entries"][0]
+    for entries, packs in (([{**f, "path": "../f"}], None), ([{**f, "path": "/etc/f"}], None),
+                           ([{**f, "path": "a/./f"}], None), ([{**f, "type": "device"}], None),
+                           ([{"path": "a", "type": "symlink", "mode": 511, "target": "/etc"}, {**f, "path": "a/f"}], None),
+                           ([{**f, "chunks": [1]}], None), (None, [{**ok["packs"][0], "chunks": [0, 2]}]),
+                           (None, [{**ok["packs"][0], "chunks": [0]}])):
+        d = {**ok, **({"entries": entries} if entries else {}), **({"packs": packs} if packs else {})}
+        with pytest.raises(artifact.ArtifactError, match="malformed artifact index"):
+            artifact.Index.from_dict(d)
+
+
 def test_unknown_compression_is_named(registry, tree):
     with pytest.raises(artifact.ArtifactError, match="compression must be one of zstd, none, not 'lz4'"):
         artifact.push(tree, f"{registry.host}/t/lz4:v1", compress="lz4")
@@ -295,10 +315,15 @@ def test_cli_push_pull_and_errors(registry, tree, tmp_path):
     for argv, needle in [(["pull", ref, str(tmp_path / "out")], "already exists"),
                          (["pull", f"{registry.host}/t/missing:v1", str(tmp_path / "m")], "no manifest"),
                          (["push", str(tmp_path / "nope"), ref], "no such directory"),
-                         (["pull", "not a ref", str(tmp_path / "x")], "not a registry reference")]:
+                         (["pull", "not a ref", str(tmp_path / "x")], "not a registry reference"),
+                         (["pull", ref, str(tmp_path / "out" / "big.bin" / "a" / "x")], "Not a directory")]:
         p = subprocess.run([*cs, *argv], capture_output=True, text=True, timeout=120)
         assert p.returncode != 0 and needle in p.stderr, (argv, p.stderr)
         assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+    for opt in ("--chunk-kib", "--pack-mib", "--threads"):  # a chunk of 0 bytes pushed files as nothing
+        p = subprocess.run([*cs, "push", str(tree), f"{registry.host}/t/zero:v1", opt, "0"], capture_output=True,
+                           text=True, timeout=120)
+        assert p.returncode == 2 and "Invalid value for '" + opt in p.stderr, (opt, p.stderr)
 
 
 def test_refs_parse():

@@ -152,6 +152,9 @@ def _stored_form(data: bytes, compress: str, weights: bool = False) -> tuple[byt
     return data, ""
 
 
+ENTRY_TYPES = ("file", "dir", "symlink", "socket", "fifo")
+
+
 @dataclass
 class Entry:
     path: str  # relative, "/"-separated
@@ -193,7 +196,7 @@ class Index:
                        packs=[Pack(p["digest"], int(p["size"]), tuple(p["chunks"])) for p in d["packs"]],
                        profiled=int(d.get("profiled", 0)), version=d["version"], kind=str(d.get("kind", "")),
                        prefix=str(d.get("prefix", "")), compress=str(d.get("compress", "")))
-        except (ValueError, KeyError, TypeError) as e:
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
             raise ArtifactError(f"malformed artifact index ({type(e).__name__}: {e})") from None
 
     def __post_init__(self) -> None:
@@ -201,6 +204,21 @@ class Index:
             if c.codec not in CHUNK_CODECS or c.stored <= 0 or (not c.codec and c.stored != c.size):
                 raise ArtifactError(f"malformed artifact index (chunk {i}: codec {c.codec!r}, {c.stored} bytes "
                                     f"stored for {c.size})")
+        # what a pull writes comes from the registry: every path stays inside the tree it makes (none
+        # absolute, none with "..", none under a symlink of the tree), every index points into its list
+        links = {e.path for e in self.entries if e.type == "symlink"}
+        for e in self.entries:
+            parts = e.path.split("/") if isinstance(e.path, str) else [""]
+            if e.type not in ENTRY_TYPES or e.path.startswith("/") or any(x in ("", ".", "..") for x in parts):
+                raise ArtifactError(f"malformed artifact index (entry {e.path!r} of type {e.type!r} would not "
+                                    "stay inside the tree)")
+            if any("/".join(parts[:i]) in links for i in range(1, len(parts))):
+                raise ArtifactError(f"malformed artifact index (entry {e.path!r} lies under a symlink)")
+            if any(not 0 <= ci < len(self.chunks) for ci in e.chunks):
+                raise ArtifactError(f"malformed artifact index (entry {e.path!r} names a chunk it does not hold)")
+        for p in self.packs:
+            if not 0 <= p.chunks[0] <= p.chunks[1] <= len(self.chunks):
+                raise ArtifactError(f"malformed artifact index (pack {p.digest[:19]} covers chunks {p.chunks})")
 
     @property
     def bytes(self) -> int:
@@ -798,17 +816,21 @@ def pull(ref: str, dest: Path, *, threads: int = 4, say: Say = lambda s: None) -
         raise ArtifactError(f"{dest} already exists (pull publishes a new directory)")
     reg = Registry(Ref.parse(ref))
     index, mdigest, _ = fetch_index(reg)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    remove_dead_stages(dest.parent, dest.name)  # a killed pull's
     stage = dest.parent / f".{dest.name}.pull-{os.getpid()}"
-    shutil.rmtree(stage, ignore_errors=True)
-    stage.mkdir()
     try:
-        _materialize(index, reg, stage, threads, say)
-        publish_dir(stage, dest)
-    except BaseException:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        remove_dead_stages(dest.parent, dest.name)  # a killed pull's
         shutil.rmtree(stage, ignore_errors=True)
-        raise
+        stage.mkdir()
+        try:
+            _materialize(index, reg, stage, threads, say)
+            publish_dir(stage, dest)
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+    except OSError as e:  # not writable, the disk full: one line (nothing is left at dest)
+        raise ArtifactError(f"pull of {ref} into {dest}: {e.strerror or e}"
+                            + (f" ({e.filename})" if e.filename else "")) from None
     files = sum(1 for e in index.entries if e.type == "file")
     return PullResult(dest, mdigest, files, index.bytes, round(time.monotonic() - t0, 3))
 

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from coldstart.errors import ColdstartError
+
 
 def _say(msg: str) -> None:
     typer.echo(msg, err=True)
@@ -29,9 +31,10 @@ def runtime_ranges_of(tree: Path, snapshot: Path) -> list[tuple[str, int, int]]:
 def push_command(
     tree: Path = typer.Argument(..., help="snapshot directory (or any read-mostly tree, e.g. a venv)"),
     ref: str = typer.Argument(..., help="host[:port]/repo[:tag]; loopback registries use plain HTTP"),
-    chunk_kib: int = typer.Option(1024, "--chunk-kib", help="chunk size: the unit a lazy read fetches and verifies"),
-    pack_mib: int = typer.Option(64, "--pack-mib", help="pack size: chunks are stored in blobs of about this size"),
-    threads: int = typer.Option(4, "--threads", help="parallel blob uploads"),
+    chunk_kib: int = typer.Option(1024, "--chunk-kib", min=4,
+                                  help="chunk size: the unit a lazy read fetches and verifies"),
+    pack_mib: int = typer.Option(64, "--pack-mib", min=1, help="pack size: chunks are stored in blobs of about this size"),
+    threads: int = typer.Option(4, "--threads", min=1, help="parallel blob uploads"),
     compress: str = typer.Option("zstd", "--compress", help="zstd: store each chunk as a zstd frame where that "
                                  "saves a sixteenth or more (a snapshot's memory images shrink ~4x, so a lazy "
                                  "restore fetches less); none: as is"),
@@ -80,7 +83,7 @@ def push_command(
 def pull_command(
     ref: str = typer.Argument(..., help="host[:port]/repo[:tag][@sha256:...]"),
     dest: Path = typer.Argument(..., help="directory to create (must not exist); with --pack, the image file"),
-    threads: int = typer.Option(4, "--threads", help="parallel pack downloads"),
+    threads: int = typer.Option(4, "--threads", min=1, help="parallel pack downloads"),
     pack: bool = typer.Option(False, "--pack", help="keep the snapshot as a compressed read-only image at DEST "
                                                     "(as `coldstart snapshot pack` writes; `coldstart restore DEST` "
                                                     "mounts it), not as a directory"),
@@ -111,10 +114,13 @@ def pull_command(
 
         try:
             integrity.verify(res.dir, read_manifest(res.dir).files, mode="full")
-        except integrity.IntegrityError:  # published by a push that skipped that check: not kept
-            import shutil
+        except BaseException as e:  # damaged (a push that skipped that check), another manifest version, a file
+            import shutil           # it names but the artifact lacks: not kept, so a retry finds DEST free
 
             shutil.rmtree(res.dir, ignore_errors=True)
+            if isinstance(e, OSError):
+                raise ColdstartError(f"{ref}: the pulled snapshot does not match its manifest "
+                                     f"({e.strerror or e}: {e.filename}); {dest} removed") from None
             raise
     typer.echo(json.dumps({**res.__dict__, "dir": str(res.dir)}))
 
@@ -125,10 +131,11 @@ def mount_command(
     prefetch: str = typer.Option("all", "--prefetch",
                                  help="all: fetch every chunk in first-access order from the start (reads that miss "
                                       "go first); profiled: only the chunks the access profile names; none"),
-    threads: int = typer.Option(8, "--threads", help="the daemon's fetch workers"),
-    timeout_s: float = typer.Option(30.0, "--timeout-s", help="per registry request; a read past it fails with EIO"),
+    threads: int = typer.Option(8, "--threads", min=1, max=256, help="the daemon's fetch workers"),
+    timeout_s: float = typer.Option(30.0, "--timeout-s", min=1.0,
+                                    help="per registry request; a read past it fails with EIO"),
     cache_max_mib: int | None = typer.Option(
-        None, "--cache-max-mib", help="bound on the node's chunk cache: least recently used chunks that no live "
+        None, "--cache-max-mib", min=0, help="bound on the node's chunk cache: least recently used chunks that no live "
                                       "mount uses are evicted (default: COLDSTART_LAZY_CACHE_MAX_BYTES, else none)"),
 ) -> None:
     """Serve REF read-only at MOUNTPOINT, lazily: chunks fetched on first read, each verified (BLAKE3)

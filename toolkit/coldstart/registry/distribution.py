@@ -147,8 +147,11 @@ class Registry:
             raise RegistryError(f"{what}: token service {p['realm']} unreachable ({type(e).__name__})") from None
         if t.status_code != 200:
             raise RegistryError(f"{what}: token service {p['realm']} answered {t.status_code} {_body(t)}")
-        body = t.json()
-        token = body.get("token") or body.get("access_token")
+        try:
+            body = t.json()
+        except ValueError:  # a proxy's or a portal's HTML page, say
+            body = None
+        token = (body.get("token") or body.get("access_token")) if isinstance(body, dict) else None
         if not token:
             raise RegistryError(f"{what}: token service {p['realm']} returned no token")
         self._auth = f"Bearer {token}"

@@ -240,7 +240,10 @@ def mount(ref: str, mountpoint: Path, *, prefetch: bool | str | None = None, thr
     if prefetch not in PREFETCH:
         raise ColdstartError(f"prefetch {prefetch!r}: expected one of {', '.join(PREFETCH)}")
     if cache_max_bytes is None:
-        cache_max_bytes = int(os.environ.get("COLDSTART_LAZY_CACHE_MAX_BYTES") or 0)
+        raw_max = os.environ.get("COLDSTART_LAZY_CACHE_MAX_BYTES") or "0"
+        if not raw_max.isdigit():
+            raise ColdstartError(f"COLDSTART_LAZY_CACHE_MAX_BYTES={raw_max!r}: a number of bytes (0: no bound)")
+        cache_max_bytes = int(raw_max)
     r = Ref.parse(ref)
     reg = Registry(r)
     raw, head, mdigest, _ = fetch_index_blob(reg)
