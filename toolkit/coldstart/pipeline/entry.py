@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 VERIFY_MODES = ("auto", "full", "off")  # --verify
+NETS = ("auto", "host", "private")  # --net
 ENV = {  # option -> environment variable that sets its default (a container's settings)
     "verify": "COLDSTART_VERIFY", "net": "COLDSTART_RESTORE_NET", "port": "COLDSTART_PORT",
     "listen": "COLDSTART_LISTEN", "ready_file": "COLDSTART_READY_FILE", "runtime": "COLDSTART_RUNTIME",
@@ -52,7 +53,7 @@ def parser() -> argparse.ArgumentParser:
     a("--no-fallback", action="store_true", help="Fail instead of cold-booting.")
     a("--model", help="Model to cold-boot if the manifest is unreadable.")
     a("--timeout", type=float, default=300.0, help="Seconds to wait for the restored server (default 300).")
-    a("--net", default=os.environ.get(ENV["net"], "auto"), choices=("auto", "host", "private"),
+    a("--net", default=os.environ.get(ENV["net"], "auto"), choices=NETS,
       help="host | private (own netns + forwarder: any number of replicas) | auto (host when the snapshot's "
            "port is free here)." + env("net"))
     a("--reload-mode", default="auto", choices=("auto", "map", "copy"),
@@ -97,9 +98,8 @@ def prepare(argv: list[str]) -> argparse.Namespace:
     measures is what the entrypoint does."""
     p = parser()
     args = p.parse_args(argv)
-    for dest in ("verify", "net"):  # argparse checks choices only on the command line, not on defaults
-        choices = next(act.choices for act in p._actions if act.dest == dest)
-        if getattr(args, dest) not in choices:
+    for dest, choices in (("verify", VERIFY_MODES), ("net", NETS)):  # argparse checks choices only on
+        if getattr(args, dest) not in choices:  # the command line, not on defaults (the environment's)
             p.error(f"{ENV[dest]}={getattr(args, dest)!r}: not one of {', '.join(choices)}")
     from coldstart.pipeline.events import PYTHON_T_ENV, exec_wall_time
 

@@ -18,7 +18,6 @@ def runtime_ranges_of(tree: Path, snapshot: Path) -> list[tuple[str, int, int]]:
     server mapped first. Refuses a tree the server did not run from."""
     import os
 
-    from coldstart.errors import ColdstartError
     from coldstart.pipeline.manifest import read_manifest
     from coldstart.registry.artifact import runtime_ranges
 
